@@ -1,0 +1,37 @@
+# `make test` and `make demo` work on a fresh machine: they build .venv, install the project
+# with its test extras (torch pinned to the CPU build found on these machines) and find or
+# install a real redis-server.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TORCH_PIN ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: test demo lint bench screenshots clean redis
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+redis: $(STAMP)
+	@bash scripts/ensure-redis.sh $(VENV)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/lint-imports
+
+test: redis lint
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
+
+bench: redis
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/rendezvous_bench.py
+
+demo: redis
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .import_linter_cache

