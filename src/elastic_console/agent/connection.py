@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 import redis
+import redis.asyncio as aioredis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
@@ -137,6 +138,34 @@ def with_password(url: str, password: str) -> str:
     return parts._replace(netloc=f"{quote(user)}:{quote(password)}@{host}").geturl()
 
 
+def _client_kwargs(
+    ep: Endpoint,
+    blocking_ms: int | None,
+    retries: int,
+    connect_timeout: float,
+    socket_timeout: float,
+    max_connections: int | None,
+    retry_cls: Any,
+) -> dict[str, Any]:
+    timeout = socket_timeout if blocking_ms is None else blocking_ms / 1000.0 + 10.0
+    kwargs: dict[str, Any] = {
+        "socket_connect_timeout": connect_timeout,
+        "socket_timeout": timeout,
+        "socket_keepalive": True,
+        "retry": retry_cls(ExponentialBackoff(cap=1.0, base=0.05), retries),
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError, socket.timeout],
+        "health_check_interval": 30,
+        "protocol": 2,
+        "decode_responses": False,
+    }
+    if max_connections is not None:
+        kwargs["max_connections"] = max_connections
+    if ep.url.startswith("unix://"):
+        for k in ("socket_keepalive", "health_check_interval"):
+            kwargs.pop(k)
+    return kwargs
+
+
 def make_client(
     endpoint: Endpoint | str | None,
     *,
@@ -154,23 +183,27 @@ def make_client(
     backoff from 50 ms up to 1 s (negative: forever, for readers that must ride out an outage).
     """
     ep = endpoint if isinstance(endpoint, Endpoint) else parse_endpoint(endpoint)
-    timeout = socket_timeout if blocking_ms is None else blocking_ms / 1000.0 + 10.0
-    kwargs: dict[str, Any] = {
-        "socket_connect_timeout": connect_timeout,
-        "socket_timeout": timeout,
-        "socket_keepalive": True,
-        "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), retries),
-        "retry_on_error": [redis.ConnectionError, redis.TimeoutError, socket.timeout],
-        "health_check_interval": 30,
-        "protocol": 2,
-        "decode_responses": False,
-    }
-    if max_connections is not None:
-        kwargs["max_connections"] = max_connections
-    if ep.url.startswith("unix://"):
-        for k in ("socket_keepalive", "health_check_interval"):
-            kwargs.pop(k)
+    kwargs = _client_kwargs(ep, blocking_ms, retries, connect_timeout, socket_timeout,
+                            max_connections, Retry)
     return redis.Redis.from_url(ep.url, **kwargs)
+
+
+def make_async_client(
+    endpoint: Endpoint | str | None,
+    *,
+    blocking_ms: int | None = None,
+    retries: int = 6,
+    connect_timeout: float = 5.0,
+    socket_timeout: float = 10.0,
+    max_connections: int | None = None,
+) -> aioredis.Redis:
+    """The asyncio twin of :func:`make_client`, with the same timeouts and retry policy."""
+    from redis.asyncio.retry import Retry as AsyncRetry
+
+    ep = endpoint if isinstance(endpoint, Endpoint) else parse_endpoint(endpoint)
+    kwargs = _client_kwargs(ep, blocking_ms, retries, connect_timeout, socket_timeout,
+                            max_connections, AsyncRetry)
+    return aioredis.Redis.from_url(ep.url, **kwargs)
 
 
 def describe_endpoint(client: redis.Redis) -> str:
