@@ -147,9 +147,21 @@ class JobKeys:
         return self._k("rdzv:left")
 
     @property
+    def rdzv_lost(self) -> str:
+        """Set: members of the last completed round already reported lost (reported once)."""
+        return self._k("rdzv:lost")
+
+    @property
     def rdzv_notify(self) -> str:
-        """Stream: a wake-up entry for every rendezvous state change (waiters XREAD it)."""
+        """Stream: an entry for every transition that waiters must act on (XREAD BLOCK it):
+        ``e`` = complete | open | closed | deadline."""
         return self._k("rdzv:notify")
+
+    @property
+    def rdzv_joins(self) -> str:
+        """Stream: an entry per join, leave or late arrival (``e``, ``node``, ``n`` members
+        now), for progress displays; waiters that show no progress do not read it."""
+        return self._k("rdzv:joins")
 
     # -- key/value store (c10d Store semantics) ----------------------------------------
     def store(self, namespace: str) -> str:

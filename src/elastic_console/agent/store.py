@@ -1,0 +1,639 @@
+"""A key/value store on Redis with the semantics of torch's c10d ``Store``, plus barriers.
+
+:class:`RedisStore` behaves like ``torch.distributed.TCPStore`` (set, get, add,
+compare_set, wait, check, delete_key, num_keys, multi_get, multi_set, append), but its
+state lives in Redis, so it survives any single host and needs no master process.
+It does not import torch: ``agent.torch_compat.TorchRedisStore`` adapts it to
+``torch.distributed.Store`` for ``init_process_group`` and torch elastic.
+
+Layout (see ``protocol.JobKeys``)
+    One namespace is one Redis hash, ``JobKeys(job).store(namespace)``: field = store key,
+    value = bytes. So ``num_keys`` is ``HLEN``, ``delete_key`` is ``HDEL``, ``add`` is
+    ``HINCRBY`` and ``multi_get`` is one round trip. Every write also appends the written
+    key's name (field ``k``) to the namespace's notify stream,
+    ``JobKeys(job).store_notify(namespace)``, in the same Lua script, so the write and its
+    notification are one atomic step.
+
+Blocking reads
+    ``get``, ``wait`` and ``multi_get`` are woken by Redis, never by a polling tick: a
+    script returns, atomically, which keys are missing and the notify stream's last id;
+    the caller then ``XREAD BLOCK``\\ s from that id on a second client whose socket
+    timeout exceeds its block time, and re-checks when an entry names a missing key.
+    A write that lands after the check has a larger id than the one returned, so it is
+    never missed.
+
+Timeouts
+    A timeout of ``0`` means "no deadline" (c10d's ``kNoTimeout``). A wait that runs out
+    raises :class:`StoreTimeoutError`, naming the keys still missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from typing import Any
+
+import redis
+
+from elastic_console.agent.connection import (
+    Endpoint,
+    RedisUnavailableError,
+    describe_endpoint,
+    explain_error,
+    make_client,
+    parse_endpoint,
+)
+from elastic_console.agent.protocol import NOTIFY_MAXLEN, JobKeys
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "RedisStore",
+    "RedisUnavailableError",
+    "StoreTimeoutError",
+    "barrier",
+    "synchronize",
+]
+
+#: torch's default store timeout (c10d ``kDefaultTimeout``).
+DEFAULT_TIMEOUT = 300.0
+
+#: The longest single ``XREAD BLOCK``; a wait with a longer deadline loops over chunks.
+#: Short enough that a half-open TCP connection is noticed, long enough to cost nothing.
+BLOCK_CHUNK_MS = 30_000
+
+#: Entries read per XREAD. A full batch means the reader lags; it then re-checks rather
+#: than trusting the stream, because ``MAXLEN ~`` may have trimmed the entry it needs.
+_READ_COUNT = 512
+
+Value = bytes | bytearray | memoryview | str
+Timeout = float | int | timedelta
+
+# -- Lua scripts: every key is passed in KEYS (cluster-safe: both share the {job} tag) -----
+
+# KEYS[1] hash, KEYS[2] notify stream; ARGV[1] maxlen, ARGV[2..] key, value, key, value...
+_SET_LUA = """
+for i = 2, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'k', ARGV[i])
+end
+return 1
+"""
+
+# KEYS[1] hash, KEYS[2] notify stream; ARGV[1] maxlen, ARGV[2] key, ARGV[3] increment
+_ADD_LUA = """
+local v = redis.call('HINCRBY', KEYS[1], ARGV[2], ARGV[3])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'k', ARGV[2])
+return v
+"""
+
+# KEYS[1] hash, KEYS[2] notify stream; ARGV[1] maxlen, ARGV[2] key, ARGV[3] suffix
+_APPEND_LUA = """
+local cur = redis.call('HGET', KEYS[1], ARGV[2])
+if not cur then cur = '' end
+redis.call('HSET', KEYS[1], ARGV[2], cur .. ARGV[3])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'k', ARGV[2])
+return 1
+"""
+
+# TCPStore's compareSet: a missing key is set only when ``expected`` is empty; otherwise
+# ``expected`` itself is returned. An existing key is replaced only when it equals
+# ``expected``. The reply is the value the key holds afterwards (or ``expected``).
+# KEYS[1] hash, KEYS[2] notify stream; ARGV[1] maxlen, ARGV[2] key, ARGV[3] expected,
+# ARGV[4] desired
+_COMPARE_SET_LUA = """
+local cur = redis.call('HGET', KEYS[1], ARGV[2])
+if (not cur and ARGV[3] == '') or (cur and cur == ARGV[3]) then
+  redis.call('HSET', KEYS[1], ARGV[2], ARGV[4])
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'k', ARGV[2])
+  return ARGV[4]
+end
+if not cur then return ARGV[3] end
+return cur
+"""
+
+# The check and the stream's last id come from one atomic step: a write after it gets a
+# larger id, so an XREAD from that id cannot miss it.
+# KEYS[1] hash, KEYS[2] notify stream; ARGV[1] '1' to return values (else 1/0 presence),
+# ARGV[2..] keys. Reply: {last_id, value-or-false | 1/0 ...}
+_CHECK_LUA = """
+local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+local out = {'0-0'}
+if #last > 0 then out[1] = last[1][1] end
+for i = 2, #ARGV do
+  if ARGV[1] == '1' then
+    out[i] = redis.call('HGET', KEYS[1], ARGV[i])
+  else
+    out[i] = redis.call('HEXISTS', KEYS[1], ARGV[i])
+  end
+end
+return out
+"""
+
+
+class StoreTimeoutError(TimeoutError):
+    """A blocking store operation ran past its deadline.
+
+    ``keys`` are the keys still missing when it gave up; ``timeout`` is in seconds.
+    """
+
+    def __init__(self, message: str, keys: Sequence[str] = (), timeout: float = 0.0) -> None:
+        super().__init__(message)
+        self.keys = list(keys)
+        self.timeout = timeout
+
+
+def _seconds(timeout: Timeout) -> float:
+    if isinstance(timeout, timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        raise TypeError(f"a store timeout is seconds or a timedelta, not {type(timeout).__name__}")
+    if seconds < 0 or math.isnan(seconds):
+        raise ValueError(f"a store timeout cannot be negative (got {seconds} s)")
+    return seconds
+
+
+def _fmt_seconds(seconds: float) -> str:
+    return f"{seconds:.1f}" if round(seconds, 1) == seconds else f"{seconds:g}"
+
+
+def _key_name(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bytes):
+        return key.decode("utf-8")
+    raise TypeError(f"a store key must be str or bytes, not {type(key).__name__} ({key!r})")
+
+
+def _value_bytes(key: str, value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(
+        f"the value of store key {key!r} must be bytes or str, not {type(value).__name__}"
+    )
+
+
+def _quoted(keys: Sequence[str]) -> str:
+    return ", ".join(repr(k) for k in keys)
+
+
+class RedisStore:
+    """A c10d-style key/value store in one Redis hash, woken by a notify stream.
+
+    Args:
+        endpoint: where Redis is (an ``Endpoint`` or anything ``connection.make_client``
+            accepts: ``host``, ``host:port``, ``redis://...``).
+        job_id: the job the store belongs to (its keys are ``elastic:{job_id}:store:...``).
+        namespace: the store's name within the job; stores with different namespaces
+            share nothing.
+        timeout: default deadline in seconds (or a ``timedelta``) of ``get``, ``wait`` and
+            ``multi_get``; ``0`` waits without a deadline.
+
+    The store is safe to share between threads: each blocking wait holds its own
+    connection of the reader client's pool. Redis errors that outlive the clients' retries
+    are raised as :class:`~elastic_console.agent.connection.RedisUnavailableError`.
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint | str | None,
+        job_id: str,
+        namespace: str,
+        timeout: Timeout = DEFAULT_TIMEOUT,
+    ) -> None:
+        ep = endpoint if isinstance(endpoint, Endpoint) else parse_endpoint(endpoint)
+        writer = make_client(ep)
+        reader = make_client(ep, blocking_ms=BLOCK_CHUNK_MS)
+        self._setup(writer, reader, job_id, namespace, timeout, ep, owns_clients=True)
+
+    @classmethod
+    def from_clients(
+        cls,
+        writer: redis.Redis,
+        reader: redis.Redis | None,
+        job_id: str,
+        namespace: str,
+        timeout: Timeout = DEFAULT_TIMEOUT,
+    ) -> RedisStore:
+        """A store on clients the caller already has (and keeps: ``close`` leaves them open).
+
+        ``reader`` serves blocking reads; its socket timeout bounds the block time (a
+        client from ``make_client(ep, blocking_ms=...)`` is right). ``None`` uses
+        ``writer`` for them too, with blocks kept under its socket timeout. Both clients
+        must return bytes (``decode_responses=False``).
+        """
+        store = cls.__new__(cls)
+        store._setup(writer, reader or writer, job_id, namespace, timeout, None,
+                     owns_clients=False)
+        return store
+
+    def _setup(
+        self,
+        writer: redis.Redis,
+        reader: redis.Redis,
+        job_id: str,
+        namespace: str,
+        timeout: Timeout,
+        endpoint: Endpoint | None,
+        *,
+        owns_clients: bool,
+    ) -> None:
+        if not isinstance(namespace, str) or not namespace:
+            raise ValueError(f"a store namespace must be a non-empty string, not {namespace!r}")
+        keys = JobKeys(job_id)
+        self._job_id = job_id
+        self._namespace = namespace
+        self._hash = keys.store(namespace)
+        self._notify = keys.store_notify(namespace)
+        self._endpoint = endpoint
+        self._writer = writer
+        self._reader = reader
+        self._owns_clients = owns_clients
+        self._where = describe_endpoint(writer)
+        self._timeout = _seconds(timeout)
+        self._chunk_ms = _block_chunk_ms(reader)
+        self._set_script = writer.register_script(_SET_LUA)
+        self._add_script = writer.register_script(_ADD_LUA)
+        self._append_script = writer.register_script(_APPEND_LUA)
+        self._compare_set_script = writer.register_script(_COMPARE_SET_LUA)
+        self._check_script = writer.register_script(_CHECK_LUA)
+
+    # -- identity and lifetime -----------------------------------------------------------
+
+    @property
+    def job_id(self) -> str:
+        return self._job_id
+
+    @property
+    def namespace(self) -> str:
+        return self._namespace
+
+    @property
+    def endpoint(self) -> Endpoint | None:
+        """The endpoint the store was built for; ``None`` when built ``from_clients``."""
+        return self._endpoint
+
+    @property
+    def timeout(self) -> timedelta:
+        """The default deadline of blocking operations (``timedelta(0)``: none)."""
+        return timedelta(seconds=self._timeout)
+
+    @property
+    def timeout_seconds(self) -> float:
+        return self._timeout
+
+    def set_timeout(self, timeout: Timeout) -> None:
+        """Set the default deadline (seconds or ``timedelta``; ``0`` waits without one)."""
+        self._timeout = _seconds(timeout)
+
+    def clone(self) -> RedisStore:
+        """A new store on the same endpoint, job and namespace, with its own connections.
+
+        A store built ``from_clients`` has no endpoint of its own: its clone shares the
+        caller's clients (they are thread-safe connection pools).
+        """
+        if self._endpoint is not None:
+            return RedisStore(self._endpoint, self._job_id, self._namespace, self._timeout)
+        return RedisStore.from_clients(
+            self._writer, self._reader, self._job_id, self._namespace, self._timeout
+        )
+
+    def close(self) -> None:
+        """Close the store's own clients (not those passed to ``from_clients``)."""
+        if self._owns_clients:
+            self._writer.close()
+            self._reader.close()
+
+    def __enter__(self) -> RedisStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"RedisStore({self._where!r}, job_id={self._job_id!r}, "
+                f"namespace={self._namespace!r})")
+
+    # -- writes ------------------------------------------------------------------------
+
+    def set(self, key: str | bytes, value: Value) -> None:
+        """Set ``key`` to ``value`` (bytes, or str encoded as UTF-8), waking its waiters."""
+        name = _key_name(key)
+        data = _value_bytes(name, value)
+        with self._errors():
+            self._set_script(keys=[self._hash, self._notify], args=[NOTIFY_MAXLEN, name, data])
+
+    def multi_set(self, keys: Sequence[str | bytes], values: Sequence[Value]) -> None:
+        """Set every key to the value at the same position, atomically."""
+        names = [_key_name(k) for k in keys]
+        if len(names) != len(values):
+            raise ValueError(
+                f"multi_set got {len(names)} keys but {len(values)} values"
+            )
+        if not names:
+            return
+        args: list[Any] = [NOTIFY_MAXLEN]
+        for name, value in zip(names, values):
+            args += [name, _value_bytes(name, value)]
+        with self._errors():
+            self._set_script(keys=[self._hash, self._notify], args=args)
+
+    def add(self, key: str | bytes, amount: int) -> int:
+        """Add ``amount`` to the integer at ``key`` (a missing key counts as 0); return it.
+
+        Raises ``ValueError`` naming the key when its value is not an integer.
+        """
+        name = _key_name(key)
+        if isinstance(amount, bool) or not isinstance(amount, int):
+            raise TypeError(
+                f"the amount added to store key {name!r} must be an int, "
+                f"not {type(amount).__name__}"
+            )
+        try:
+            with self._errors():
+                return int(self._add_script(keys=[self._hash, self._notify],
+                                            args=[NOTIFY_MAXLEN, name, amount]))
+        except redis.ResponseError as exc:
+            if "not an integer" in str(exc) or "overflow" in str(exc):
+                raise ValueError(
+                    f"cannot add to store key {name!r}: its value is not a 64-bit integer "
+                    f"({self._describe()})"
+                ) from None
+            raise
+
+    def append(self, key: str | bytes, value: Value) -> None:
+        """Append ``value`` to the bytes at ``key`` (creating it when missing)."""
+        name = _key_name(key)
+        data = _value_bytes(name, value)
+        with self._errors():
+            self._append_script(keys=[self._hash, self._notify], args=[NOTIFY_MAXLEN, name, data])
+
+    def compare_set(self, key: str | bytes, expected: Value, desired: Value) -> bytes:
+        """Set ``key`` to ``desired`` if it holds ``expected``; TCPStore's exact semantics.
+
+        * key missing, ``expected == b""``: set ``desired``, return ``desired``;
+        * key missing, ``expected`` non-empty: change nothing, return ``expected``;
+        * key holds ``expected``: set ``desired``, return ``desired``;
+        * otherwise: change nothing, return the current value.
+        """
+        name = _key_name(key)
+        exp = _value_bytes(name, expected)
+        des = _value_bytes(name, desired)
+        with self._errors():
+            return bytes(self._compare_set_script(
+                keys=[self._hash, self._notify], args=[NOTIFY_MAXLEN, name, exp, des]
+            ))
+
+    def delete_key(self, key: str | bytes) -> bool:
+        """Delete ``key``; ``True`` if it existed."""
+        name = _key_name(key)
+        with self._errors():
+            return bool(self._writer.hdel(self._hash, name))
+
+    def delete_keys(self, keys: Sequence[str | bytes]) -> int:
+        """Delete several keys in one round trip; return how many existed."""
+        names = [_key_name(k) for k in keys]
+        if not names:
+            return 0
+        with self._errors():
+            return int(self._writer.hdel(self._hash, *names))
+
+    # -- reads -------------------------------------------------------------------------
+
+    def get(self, key: str | bytes, *, timeout: Timeout | None = None) -> bytes:
+        """The value of ``key``, waiting until it exists.
+
+        ``timeout`` (seconds or ``timedelta``) defaults to the store's; running out raises
+        :class:`StoreTimeoutError` naming the key.
+        """
+        value = self._await([_key_name(key)], timeout, fetch=True)[0]
+        assert value is not None
+        return value
+
+    def multi_get(
+        self, keys: Sequence[str | bytes], *, timeout: Timeout | None = None
+    ) -> list[bytes]:
+        """The values of ``keys`` in order, waiting until all of them exist."""
+        values = self._await([_key_name(k) for k in keys], timeout, fetch=True)
+        return [v for v in values if v is not None]
+
+    def wait(self, keys: Sequence[str | bytes], timeout: Timeout | None = None) -> None:
+        """Return once every key exists; raise :class:`StoreTimeoutError` at the deadline.
+
+        ``timeout`` defaults to the store's; ``0`` waits without a deadline.
+        """
+        self._await([_key_name(k) for k in keys], timeout, fetch=False)
+
+    def check(self, keys: Sequence[str | bytes]) -> bool:
+        """Whether every key exists, without waiting."""
+        names = [_key_name(k) for k in keys]
+        if not names:
+            return True
+        _, present = self._check(names, fetch=False)
+        return all(present)
+
+    def num_keys(self) -> int:
+        """How many keys the namespace holds."""
+        with self._errors():
+            return int(self._writer.hlen(self._hash))
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _describe(self) -> str:
+        return f"store namespace {self._namespace!r} of job {self._job_id!r}"
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Turn connection failures that outlived the clients' retries into one sentence."""
+        try:
+            yield
+        except StoreTimeoutError:
+            raise
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            raise explain_error(exc, self._where) from exc
+        except redis.ResponseError as exc:
+            text = str(exc)
+            if text.startswith(("NOPERM", "NOAUTH", "WRONGPASS")):
+                raise explain_error(exc, self._where) from exc
+            raise
+
+    def _check(self, names: list[str], *, fetch: bool) -> tuple[bytes, list[Any]]:
+        with self._errors():
+            reply = self._check_script(
+                keys=[self._hash, self._notify], args=["1" if fetch else "0", *names]
+            )
+        last_id = reply[0]
+        found = list(reply[1:])
+        if len(found) < len(names):  # Lua drops trailing nils from a table
+            found += [None] * (len(names) - len(found))
+        if fetch:
+            return last_id, found
+        return last_id, [bool(x) for x in found]
+
+    def _await(self, names: list[str], timeout: Timeout | None, *,
+               fetch: bool) -> list[bytes | None]:
+        if not names:
+            return []
+        seconds = self._timeout if timeout is None else _seconds(timeout)
+        deadline = None if seconds == 0 else time.monotonic() + seconds
+        while True:
+            last_id, found = self._check(names, fetch=fetch)
+            missing = [n for n, v in zip(names, found) if v is None or v is False]
+            if not missing:
+                return [bytes(v) if isinstance(v, (bytes, bytearray)) else None for v in found]
+            if deadline is not None and time.monotonic() >= deadline:
+                raise StoreTimeoutError(
+                    f"timed out after {_fmt_seconds(seconds)} s waiting for key(s) "
+                    f"{_quoted(missing)} in {self._describe()}",
+                    missing, seconds,
+                )
+            self._block_until_written({n.encode("utf-8") for n in missing}, last_id, deadline)
+
+    def _block_until_written(self, wanted: set[bytes], last_id: bytes,
+                             deadline: float | None) -> None:
+        """Read the notify stream from ``last_id`` until an entry names a wanted key, a
+        block chunk ends, or the deadline passes; the caller then re-checks."""
+        while True:
+            block_ms = self._chunk_ms
+            if deadline is not None:
+                remaining_ms = math.ceil((deadline - time.monotonic()) * 1000)
+                if remaining_ms <= 0:
+                    return
+                block_ms = min(block_ms, remaining_ms)
+            with self._errors():
+                # Always an explicit id (never '$'): a retried XREAD re-sends it and sees
+                # every entry written while the connection was down.
+                reply = self._reader.xread({self._notify: last_id}, count=_READ_COUNT,
+                                           block=block_ms)
+            if not reply:
+                return
+            entries = reply[0][1]
+            if not entries:
+                return
+            last_id = entries[-1][0]
+            if len(entries) >= _READ_COUNT:
+                return
+            for _entry_id, fields in entries:
+                if fields.get(b"k") in wanted:
+                    return
+
+
+def _block_chunk_ms(reader: redis.Redis) -> int:
+    """The longest XREAD BLOCK this reader can send without its socket timing out first."""
+    socket_timeout = reader.connection_pool.connection_kwargs.get("socket_timeout")
+    if socket_timeout is None:
+        return BLOCK_CHUNK_MS
+    # Keep a margin for the reply to travel; a tiny socket timeout still blocks briefly.
+    return max(50, min(BLOCK_CHUNK_MS, int((float(socket_timeout) - 1.0) * 1000)))
+
+
+# -- collective helpers --------------------------------------------------------------------
+
+
+def barrier(
+    store: RedisStore,
+    world_size: int,
+    key_prefix: str,
+    timeout: Timeout = DEFAULT_TIMEOUT,
+    rank: int | None = None,
+) -> None:
+    """Block until ``world_size`` callers have entered the barrier named ``key_prefix``.
+
+    Reusable: the same ``key_prefix`` may be used for any number of consecutive barriers
+    among the same ``world_size`` participants. Each arrival takes a ticket from an
+    ``add`` counter; ticket ``n`` belongs to generation ``(n - 1) // world_size``, and the
+    arrival that completes a generation sets its ``done`` key (and deletes the keys of the
+    generation before, which every participant has left by then).
+
+    ``rank`` is optional; with it, a timeout names the ranks that never arrived.
+
+    Raises:
+        StoreTimeoutError: the generation did not fill up within ``timeout``. A barrier
+            that timed out leaves its generation open: do not reuse the prefix after it.
+    """
+    if world_size < 1:
+        raise ValueError(f"barrier {key_prefix!r}: world_size must be at least 1")
+    if rank is not None and not 0 <= rank < world_size:
+        raise ValueError(f"barrier {key_prefix!r}: rank {rank} is outside 0..{world_size - 1}")
+    n = store.add(f"{key_prefix}/arrivals", 1)
+    gen = (n - 1) // world_size
+    if rank is not None:
+        store.set(f"{key_prefix}/{gen}/rank/{rank}", b"1")
+    done = f"{key_prefix}/{gen}/done"
+    if n % world_size == 0:
+        store.set(done, b"1")
+        if gen > 0:
+            old = gen - 1
+            store.delete_keys([f"{key_prefix}/{old}/done"]
+                              + [f"{key_prefix}/{old}/rank/{r}" for r in range(world_size)])
+    try:
+        store.wait([done], timeout)
+    except StoreTimeoutError as exc:
+        seconds = _seconds(timeout)
+        if rank is not None:
+            absent = _absent_ranks(store, f"{key_prefix}/{gen}/rank/", world_size)
+            detail = (f"{world_size - len(absent)} of {world_size} ranks arrived; "
+                      f"missing ranks: {', '.join(map(str, absent))}")
+        else:
+            arrived = min(world_size, store.add(f"{key_prefix}/arrivals", 0) - gen * world_size)
+            detail = f"{arrived} of {world_size} ranks arrived"
+        raise StoreTimeoutError(
+            f"barrier {key_prefix!r} timed out after {_fmt_seconds(seconds)} s: {detail}",
+            exc.keys, seconds,
+        ) from None
+
+
+def synchronize(
+    store: RedisStore,
+    data: bytes,
+    rank: int,
+    world_size: int,
+    key_prefix: str,
+    timeout: Timeout = DEFAULT_TIMEOUT,
+) -> list[bytes]:
+    """All-gather: every rank passes its ``data`` and gets every rank's, in rank order.
+
+    Reusable under the same ``key_prefix`` like :func:`barrier` (a generation per round
+    of ``world_size`` calls); a round's data is deleted by the call that completes the
+    next round, when every rank has read it.
+
+    Raises:
+        StoreTimeoutError: some rank did not contribute within ``timeout``; the message
+            names the missing ranks.
+    """
+    if world_size < 1:
+        raise ValueError(f"synchronize {key_prefix!r}: world_size must be at least 1")
+    if not 0 <= rank < world_size:
+        raise ValueError(
+            f"synchronize {key_prefix!r}: rank {rank} is outside 0..{world_size - 1}"
+        )
+    n = store.add(f"{key_prefix}/arrivals", 1)
+    gen = (n - 1) // world_size
+    prefix = f"{key_prefix}/{gen}/data/"
+    store.set(f"{prefix}{rank}", data)
+    if n % world_size == 0 and gen > 0:
+        store.delete_keys([f"{key_prefix}/{gen - 1}/data/{r}" for r in range(world_size)])
+    try:
+        return store.multi_get([f"{prefix}{r}" for r in range(world_size)], timeout=timeout)
+    except StoreTimeoutError as exc:
+        seconds = _seconds(timeout)
+        absent = _absent_ranks(store, prefix, world_size)
+        raise StoreTimeoutError(
+            f"synchronize {key_prefix!r} timed out after {_fmt_seconds(seconds)} s: "
+            f"{world_size - len(absent)} of {world_size} ranks arrived; "
+            f"missing ranks: {', '.join(map(str, absent))}",
+            exc.keys, seconds,
+        ) from None
+
+
+def _absent_ranks(store: RedisStore, prefix: str, world_size: int) -> list[int]:
+    _, present = store._check([f"{prefix}{r}" for r in range(world_size)], fetch=False)
+    return [r for r, here in enumerate(present) if not here]

@@ -1,0 +1,175 @@
+"""Adapters between elastic_console and ``torch.distributed``: the only module that imports torch.
+
+``elastic-agent`` must start, launch and supervise workers without torch installed, so
+nothing else in the package imports torch (an import-linter contract enforces it) and
+nothing imports this module at import time: callers import it lazily, inside the function
+that needs it.
+
+:class:`TorchRedisStore`
+    :class:`~elastic_console.agent.store.RedisStore` as a ``torch.distributed.Store``,
+    for ``init_process_group(store=...)``, ``PrefixStore`` and torch elastic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+import torch.distributed as dist
+
+from elastic_console.agent.connection import Endpoint, RedisUnavailableError
+from elastic_console.agent.store import DEFAULT_TIMEOUT, RedisStore, StoreTimeoutError
+
+__all__ = ["TorchRedisStore"]
+
+
+@contextlib.contextmanager
+def _as_torch_errors() -> Iterator[None]:
+    """Raise our errors as the ``DistError`` subclasses torch's code paths catch.
+
+    Both are ``RuntimeError``\\ s: ``_store_based_barrier`` and torch elastic catch that
+    (and ``DistStoreError``) around ``wait``; the message is kept word for word.
+    """
+    try:
+        yield
+    except StoreTimeoutError as exc:
+        raise dist.DistStoreError(str(exc)) from exc
+    except RedisUnavailableError as exc:
+        raise dist.DistNetworkError(str(exc)) from exc
+
+
+# A store handed to C++ (PrefixStore, a process group, a clone torch asked for) is used
+# through pybind11's trampoline, which finds the Python overrides through the Python
+# object. C++ holding the store does not keep that object alive: once Python drops it,
+# every call from C++ fails with "pure virtual function". So every open store is held
+# here until close().
+_OPEN: set[TorchRedisStore] = set()
+_OPEN_LOCK = threading.Lock()
+
+
+def _timedelta(timeout: timedelta | float | int) -> timedelta:
+    return timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
+
+
+class TorchRedisStore(dist.Store):
+    """A ``torch.distributed.Store`` whose keys live in Redis (see ``RedisStore``).
+
+    ``TorchRedisStore(redis_store)`` wraps an existing :class:`RedisStore`;
+    ``TorchRedisStore(endpoint, job_id, namespace, timeout=300.0)`` builds one.
+
+    Works with ``dist.init_process_group("gloo", store=s, rank=r, world_size=n)`` and
+    inside ``dist.PrefixStore``. The default deadline is the c10d ``timeout`` of the store
+    (``set_timeout``; ``timedelta(0)`` waits forever, as c10d's ``kNoTimeout``). Timeouts
+    raise ``torch.distributed.DistStoreError`` and an unreachable Redis
+    ``torch.distributed.DistNetworkError``, both with our message.
+
+    The store stays alive (for C++ holders) until :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        store_or_endpoint: RedisStore | Endpoint | str | None,
+        job_id: str | None = None,
+        namespace: str | None = None,
+        timeout: timedelta | float = DEFAULT_TIMEOUT,
+    ) -> None:
+        super().__init__()
+        if isinstance(store_or_endpoint, RedisStore):
+            if job_id is not None or namespace is not None:
+                raise TypeError("TorchRedisStore(RedisStore) takes no job_id or namespace")
+            self._store = store_or_endpoint
+        else:
+            if job_id is None or namespace is None:
+                raise TypeError("TorchRedisStore(endpoint, job_id, namespace) needs all three")
+            self._store = RedisStore(store_or_endpoint, job_id, namespace, _timedelta(timeout))
+        # The C++ base keeps the timeout torch reads and sets (Store::timeout_).
+        super().set_timeout(self._store.timeout)
+        with _OPEN_LOCK:
+            _OPEN.add(self)
+
+    @property
+    def redis_store(self) -> RedisStore:
+        """The wrapped :class:`RedisStore`."""
+        return self._store
+
+    def close(self) -> None:
+        """Close the Redis clients and let the store be garbage-collected."""
+        with _OPEN_LOCK:
+            _OPEN.discard(self)
+        self._store.close()
+
+    def __repr__(self) -> str:
+        return f"TorchRedisStore({self._store!r})"
+
+    def _deadline(self) -> timedelta:
+        # Read the C++ value each time: C++ code may set it without going through Python.
+        return dist.Store.timeout.__get__(self)
+
+    # -- c10d Store interface (names as the pybind11 trampoline looks them up) -----------
+
+    def set(self, key: str, value: bytes | str) -> None:
+        with _as_torch_errors():
+            self._store.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        with _as_torch_errors():
+            return self._store.get(key, timeout=self._deadline())
+
+    def add(self, key: str, value: int) -> int:
+        with _as_torch_errors():
+            return self._store.add(key, value)
+
+    def compare_set(self, key: str, expected_value: bytes | str,
+                    desired_value: bytes | str) -> bytes:
+        with _as_torch_errors():
+            return self._store.compare_set(key, expected_value, desired_value)
+
+    def wait(self, keys: Sequence[str], timeout: timedelta | None = None) -> None:
+        with _as_torch_errors():
+            self._store.wait(keys, self._deadline() if timeout is None else timeout)
+
+    def check(self, keys: Sequence[str]) -> bool:
+        with _as_torch_errors():
+            return self._store.check(keys)
+
+    def num_keys(self) -> int:
+        with _as_torch_errors():
+            return self._store.num_keys()
+
+    def getNumKeys(self) -> int:  # noqa: N802 - the name C++ looks up
+        return self.num_keys()
+
+    def delete_key(self, key: str) -> bool:
+        with _as_torch_errors():
+            return self._store.delete_key(key)
+
+    def deleteKey(self, key: str) -> bool:  # noqa: N802 - the name C++ looks up
+        return self.delete_key(key)
+
+    def append(self, key: str, value: bytes | str) -> None:
+        with _as_torch_errors():
+            self._store.append(key, value)
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        with _as_torch_errors():
+            return self._store.multi_get(keys, timeout=self._deadline())
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[bytes | str]) -> None:
+        with _as_torch_errors():
+            self._store.multi_set(keys, values)
+
+    def has_extended_api(self) -> bool:
+        # append, multi_get and multi_set are native here (one round trip each).
+        return True
+
+    def set_timeout(self, timeout: timedelta | float) -> None:  # type: ignore[override]
+        td = _timedelta(timeout)
+        super().set_timeout(td)
+        self._store.set_timeout(td)
+
+    def clone(self) -> TorchRedisStore:
+        """A store on new connections to the same namespace (torch clones one per thread)."""
+        twin = TorchRedisStore(self._store.clone())
+        twin.set_timeout(self._deadline())
+        return twin

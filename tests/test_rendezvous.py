@@ -1,0 +1,289 @@
+"""The Redis rendezvous against a real redis-server: rounds, ranks, last call, scale-up,
+lost nodes, closing, leaving and timeouts."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from elastic_console.agent.protocol import JobKeys
+from elastic_console.agent.rendezvous import (
+    RedisRendezvous,
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousProgress,
+    RendezvousResult,
+    RendezvousSettings,
+    RendezvousTimeoutError,
+)
+from elastic_console.agent.standalone import free_port
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+class Nodes:
+    """Rendezvous handles of one job, joined from threads like separate hosts."""
+
+    def __init__(self, url: str, job: str) -> None:
+        self.url, self.job = url, job
+        self.handles: list[RedisRendezvous] = []
+
+    def make(self, settings: RendezvousSettings) -> RedisRendezvous:
+        h = RedisRendezvous(self.url, self.job, settings, local_addr="127.0.0.1")
+        self.handles.append(h)
+        return h
+
+    def join_all(self, handles: list[RedisRendezvous], timeout: float = 20) -> list[RendezvousResult]:
+        results: dict[int, RendezvousResult | BaseException] = {}
+
+        def run(i: int) -> None:
+            try:
+                results[i] = handles[i].next_rendezvous()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                results[i] = exc
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(handles))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout)
+        assert len(results) == len(handles), "some nodes never returned"
+        for r in results.values():
+            if isinstance(r, BaseException):
+                raise r
+        return [results[i] for i in range(len(handles))]  # type: ignore[misc]
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.shutdown()
+
+
+@pytest.fixture
+def nodes(redis_url: str, job_id: str) -> Iterator[Nodes]:
+    n = Nodes(redis_url, job_id)
+    yield n
+    n.close()
+
+
+def fixed(n: int, **kw: float) -> RendezvousSettings:
+    return RendezvousSettings(min_nodes=n, max_nodes=n, **kw)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 16, 64])
+def test_n_nodes_get_unique_ranks_and_one_master(nodes: Nodes, n: int) -> None:
+    handles = [nodes.make(fixed(n)) for _ in range(n)]
+    results = nodes.join_all(handles)
+    assert sorted(r.group_rank for r in results) == list(range(n))
+    assert {r.group_world_size for r in results} == {n}
+    assert {r.round for r in results} == {0}
+    assert len({(r.master_addr, r.master_port) for r in results}) == 1
+    rank0 = next(h for h, r in zip(handles, results) if r.group_rank == 0)
+    assert results[0].info.nodes[0]["node"] == rank0.node_id
+
+
+def test_waiters_return_within_milliseconds_of_completion(nodes: Nodes) -> None:
+    first = nodes.make(fixed(2, last_call_timeout=30))
+    done: list[float] = []
+    t = threading.Thread(target=lambda: (first.next_rendezvous(), done.append(time.monotonic())))
+    t.start()
+    wait_until(lambda: first.membership().members == [first.node_id], what="first join")
+    nodes.make(fixed(2)).next_rendezvous()
+    completed = time.monotonic()
+    t.join(5)
+    assert done and done[0] - completed < 0.1, "waiter was not woken by the completion"
+
+
+def test_last_call_admits_late_nodes_then_completes(nodes: Nodes) -> None:
+    s = RendezvousSettings(min_nodes=2, max_nodes=3, last_call_timeout=1.5)
+    a, b, c = (nodes.make(s) for _ in range(3))
+    results: dict[str, RendezvousResult] = {}
+    started = time.monotonic()
+    threads = [threading.Thread(target=lambda h=h: results.__setitem__(h.node_id, h.next_rendezvous()))
+               for h in (a, b)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(a.membership().members) == 2, what="two joined")
+    assert not results, "min reached must open a last call, not complete at once"
+    results[c.node_id] = c.next_rendezvous()  # arrives inside the last call
+    for t in threads:
+        t.join(5)
+    assert {r.group_world_size for r in results.values()} == {3}
+    assert time.monotonic() - started < 1.5, "reaching max must complete without the last call"
+
+
+def test_last_call_expires_with_min_nodes(nodes: Nodes) -> None:
+    s = RendezvousSettings(min_nodes=2, max_nodes=4, last_call_timeout=0.8)
+    started = time.monotonic()
+    results = nodes.join_all([nodes.make(s), nodes.make(s)])
+    took = time.monotonic() - started
+    assert [r.group_world_size for r in results] == [2, 2]
+    assert 0.7 <= took < 3.0
+
+
+def test_progress_reports_joined_and_last_call(nodes: Nodes) -> None:
+    s = RendezvousSettings(min_nodes=2, max_nodes=3, last_call_timeout=0.5)
+    seen: list[RendezvousProgress] = []
+    a = nodes.make(s)
+    t = threading.Thread(target=lambda: a.next_rendezvous(progress=seen.append))
+    t.start()
+    wait_until(lambda: len(seen) >= 1, what="first progress")
+    nodes.make(s).next_rendezvous()
+    t.join(5)
+    assert seen[0].joined == [a.node_id] and seen[0].last_call_left is None
+    assert any(len(p.joined) == 2 and p.last_call_left is not None for p in seen)
+
+
+def test_late_joiner_is_counted_then_admitted_keeping_ranks(nodes: Nodes) -> None:
+    s = RendezvousSettings(min_nodes=2, max_nodes=3, last_call_timeout=0.3)
+    a, b = nodes.make(s), nodes.make(s)
+    first = nodes.join_all([a, b])
+    ranks = {h.node_id: r.group_rank for h, r in zip((a, b), first)}
+    assert a.num_nodes_waiting() == 0
+    late = nodes.make(s)
+    late_result: list[RendezvousResult] = []
+    t = threading.Thread(target=lambda: late_result.append(late.next_rendezvous()))
+    t.start()
+    wait_until(lambda: a.num_nodes_waiting() == 1, what="late node counted")
+    assert b.num_nodes_waiting() == 1
+    second = nodes.join_all([a, b])
+    t.join(5)
+    assert late_result and late_result[0].round == 1 == second[0].round
+    assert {r.group_world_size for r in second} == {3}
+    assert {h.node_id: r.group_rank for h, r in zip((a, b), second)} == ranks
+    assert late_result[0].group_rank == 2
+
+
+def test_spare_beyond_max_is_not_counted(nodes: Nodes) -> None:
+    s = RendezvousSettings(min_nodes=1, max_nodes=2, last_call_timeout=0.2)
+    a, b = nodes.make(s), nodes.make(s)
+    nodes.join_all([a, b])
+    spare = nodes.make(s)
+    t = threading.Thread(target=lambda: spare.next_rendezvous(), daemon=True)
+    t.start()
+    wait_until(lambda: spare.node_id in a.membership().waiting, what="spare waiting")
+    assert a.num_nodes_waiting() == 0
+
+
+def test_lost_node_is_declared_and_survivors_reform_without_last_call(nodes: Nodes) -> None:
+    s = RendezvousSettings(min_nodes=2, max_nodes=3, last_call_timeout=30,
+                           heartbeat_timeout=1.0, keep_alive_interval=0.2)
+    a, b, c = (nodes.make(s) for _ in range(3))
+    nodes.join_all([a, b, c])
+    assert a.membership().whole
+    c._stop.set()  # c's host dies: its heartbeats stop, it never leaves
+    wait_until(lambda: c.node_id in a.membership().lost, timeout=5, what="c declared lost")
+    m = b.membership()
+    assert not m.whole and m.lost == [c.node_id]
+    assert a.num_nodes_waiting() >= 1 and b.num_nodes_waiting() >= 1
+    # Exactly one observer is told it is the first to see the loss.
+    reports = [a.lost_since_last_check()[1], b.lost_since_last_check()[1]]
+    assert sorted(map(len, reports)) == [0, 1] and c.node_id in reports[0] + reports[1]
+    started = time.monotonic()
+    again = nodes.join_all([a, b])
+    assert {r.group_world_size for r in again} == {2} and {r.round for r in again} == {1}
+    assert time.monotonic() - started < 5, "re-forming must not wait out the 30 s last call"
+    c._client.close()
+
+
+def _join_and_hang(url: str, job: str, s: RendezvousSettings) -> None:
+    RedisRendezvous(url, job, s, local_addr="127.0.0.1").next_rendezvous()
+
+
+def test_dead_member_is_dropped_from_an_open_round(nodes: Nodes) -> None:
+    s = RendezvousSettings(min_nodes=2, max_nodes=2, heartbeat_timeout=0.6,
+                           keep_alive_interval=0.1)
+    ctx = multiprocessing.get_context("fork")
+    dead = ctx.Process(target=_join_and_hang, args=(nodes.url, nodes.job, s))
+    dead.start()
+    probe = nodes.make(s)
+    wait_until(lambda: len(probe.membership().members) == 1, what="the doomed node joined")
+    dead_id = probe.membership().members[0]
+    os.kill(dead.pid, signal.SIGKILL)  # its host dies mid-rendezvous
+    dead.join()
+    wait_until(lambda: dead_id not in probe.membership().live, timeout=5, what="dead is stale")
+    a, b = nodes.make(s), nodes.make(s)
+    results = nodes.join_all([a, b])
+    assert {r.group_world_size for r in results} == {2}
+    assert dead_id not in [n["node"] for n in results[0].info.nodes]
+
+
+def test_closed_rendezvous_refuses_joins(nodes: Nodes) -> None:
+    a = nodes.make(fixed(1))
+    a.next_rendezvous()
+    assert not a.is_closed()
+    a.set_closed()
+    assert a.is_closed()
+    with pytest.raises(RendezvousClosedError, match="closed"):
+        nodes.make(fixed(1)).next_rendezvous()
+
+
+def test_closing_wakes_a_waiting_node(nodes: Nodes) -> None:
+    waiter = nodes.make(fixed(2))
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            waiter.next_rendezvous()
+        except RendezvousClosedError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    wait_until(lambda: waiter.membership().members == [waiter.node_id], what="joined")
+    nodes.make(fixed(2)).set_closed()
+    t.join(2)
+    assert errors and not t.is_alive()
+
+
+def test_leaving_does_not_close_the_job(nodes: Nodes) -> None:
+    s = RendezvousSettings(min_nodes=1, max_nodes=3, last_call_timeout=0.2)
+    a, b = nodes.make(s), nodes.make(s)
+    nodes.join_all([a, b])
+    b.shutdown()
+    assert not a.is_closed()
+    m = a.membership()
+    assert m.left == [b.node_id] and not m.whole
+    assert a.num_nodes_waiting() == 1
+    again = a.next_rendezvous()
+    assert again.round == 1 and again.group_world_size == 1 and again.group_rank == 0
+
+
+def test_join_timeout_says_who_is_missing(nodes: Nodes) -> None:
+    a = nodes.make(RendezvousSettings(min_nodes=2, max_nodes=2, join_timeout=0.5))
+    started = time.monotonic()
+    with pytest.raises(RendezvousTimeoutError, match="1 of at least 2 nodes joined"):
+        a.next_rendezvous()
+    assert time.monotonic() - started < 3
+
+
+def test_unreachable_redis_is_one_clear_error(job_id: str) -> None:
+    h = RedisRendezvous(f"127.0.0.1:{free_port()}", job_id, fixed(1))
+    with pytest.raises(RendezvousConnectionError, match=r"cannot reach Redis at redis://127\.0\.0\.1"):
+        h.next_rendezvous()
+    h._stop.set()
+
+
+def test_every_key_is_in_the_jobs_hash_slot(nodes: Nodes, r, job_id: str) -> None:
+    nodes.join_all([nodes.make(fixed(2)), nodes.make(fixed(2))])
+    keys = [k.decode() for k in r.scan_iter(match=f"*{job_id}*")]
+    assert keys and all(k.startswith(JobKeys(job_id).prefix) for k in keys)
+    assert len({r.cluster_keyslot(k) if hasattr(r, "cluster_keyslot") else 0 for k in keys}) == 1
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="max nodes"):
+        RendezvousSettings(min_nodes=3, max_nodes=2)
+    with pytest.raises(ValueError, match="keep_alive_interval"):
+        RendezvousSettings(heartbeat_timeout=1, keep_alive_interval=2)

@@ -1,0 +1,425 @@
+"""RedisStore, barrier and synchronize against a real redis-server (the conftest fixtures)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+
+from elastic_console.agent.connection import RedisUnavailableError, make_client
+from elastic_console.agent.protocol import JobKeys
+from elastic_console.agent.standalone import free_port
+from elastic_console.agent.store import (
+    RedisStore,
+    StoreTimeoutError,
+    barrier,
+    synchronize,
+)
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
+    """Poll a condition with a deadline (the tests' only use of sleep)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(0.005)
+    raise AssertionError(f"{what} not reached within {timeout} s")
+
+
+def blocked_xreads(r: redis.Redis) -> int:
+    """How many clients are blocked in XREAD right now (the store's blocking wait)."""
+    return sum(1 for c in r.client_list() if c.get("cmd") == "xread" and "b" in c.get("flags", ""))
+
+
+class Worker(threading.Thread):
+    """Runs ``fn`` in a thread and keeps its result or exception and when it returned."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        super().__init__(daemon=True)
+        self.fn = fn
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.returned_at = 0.0
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except BaseException as exc:
+            self.error = exc
+        self.returned_at = time.monotonic()
+
+    def outcome(self, timeout: float = 10.0) -> Any:
+        self.join(timeout)
+        assert not self.is_alive(), "worker thread did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+@pytest.fixture
+def store(redis_url: str, job_id: str) -> Iterator[RedisStore]:
+    s = RedisStore(redis_url, job_id, "test", timeout=5)
+    yield s
+    s.close()
+
+
+# -- basic operations ------------------------------------------------------------------
+
+
+def test_set_get_bytes_and_str(store: RedisStore) -> None:
+    store.set("a", b"\x00\xffbinary")
+    store.set("b", "text é")
+    store.set(b"c", bytearray(b"ba"))
+    assert store.get("a") == b"\x00\xffbinary"
+    assert store.get("b") == "text é".encode()
+    assert store.get("c") == b"ba"
+    store.set("a", b"")  # an empty value is a value: the key exists
+    assert store.get("a") == b""
+    assert store.check(["a"])
+
+
+def test_bad_values_and_keys_raise_type_error(store: RedisStore) -> None:
+    with pytest.raises(TypeError, match="'k'"):
+        store.set("k", 5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="'m'"):
+        store.multi_set(["m"], [None])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="key must be str or bytes"):
+        store.set(3, b"v")  # type: ignore[arg-type]
+    assert store.num_keys() == 0
+
+
+def test_add(store: RedisStore) -> None:
+    assert store.add("n", 1) == 1
+    assert store.add("n", 41) == 42
+    assert store.add("n", -2) == 40
+    assert store.add("n", 0) == 40
+    assert store.get("n") == b"40"
+    store.set("s", "17")  # a value set as text is an integer too, as in TCPStore
+    assert store.add("s", 1) == 18
+
+
+def test_add_on_non_integer_is_value_error_naming_key(store: RedisStore) -> None:
+    store.set("word", b"hello")
+    with pytest.raises(ValueError, match="'word'"):
+        store.add("word", 1)
+    assert store.get("word") == b"hello"
+    with pytest.raises(TypeError, match="'n'"):
+        store.add("n", 1.5)  # type: ignore[arg-type]
+
+
+def test_compare_set_four_cases(store: RedisStore) -> None:
+    # missing key, expected empty: set desired
+    assert store.compare_set("k1", b"", b"first") == b"first"
+    assert store.get("k1") == b"first"
+    # missing key, expected non-empty: nothing set, expected returned
+    assert store.compare_set("k2", b"x", b"y") == b"x"
+    assert not store.check(["k2"])
+    # current == expected: set desired
+    assert store.compare_set("k1", "first", "second") == b"second"
+    assert store.get("k1") == b"second"
+    # current != expected: unchanged, current returned
+    assert store.compare_set("k1", b"nope", b"third") == b"second"
+    assert store.get("k1") == b"second"
+
+
+def test_append(store: RedisStore) -> None:
+    store.append("log", b"ab")
+    store.append("log", "cd")
+    assert store.get("log") == b"abcd"
+
+
+def test_delete_num_keys_check(store: RedisStore) -> None:
+    assert store.num_keys() == 0
+    store.multi_set(["a", "b", "c"], [b"1", b"2", b"3"])
+    assert store.num_keys() == 3
+    assert store.check(["a", "b"])
+    assert not store.check(["a", "zz"])
+    assert store.check([])
+    assert store.delete_key("a") is True
+    assert store.delete_key("a") is False
+    assert not store.check(["a"])
+    assert store.num_keys() == 2
+    assert store.delete_keys(["b", "c", "missing"]) == 2
+    assert store.num_keys() == 0
+
+
+def test_multi_set_and_multi_get(store: RedisStore) -> None:
+    store.multi_set(["x", "y"], [b"1", "2"])
+    assert store.multi_get(["y", "x", "y"]) == [b"2", b"1", b"2"]
+    assert store.multi_get([]) == []
+    with pytest.raises(ValueError, match="2 keys but 1 values"):
+        store.multi_set(["a", "b"], [b"1"])
+
+
+def test_namespaces_are_separate(redis_url: str, job_id: str) -> None:
+    with RedisStore(redis_url, job_id, "one") as a, RedisStore(redis_url, job_id, "two") as b:
+        a.set("k", b"a")
+        assert not b.check(["k"])
+        b.set("k", b"b")
+        assert a.get("k") == b"a"
+        assert a.num_keys() == b.num_keys() == 1
+
+
+def test_keys_live_under_the_job_prefix(store: RedisStore, r: redis.Redis, job_id: str) -> None:
+    store.set("a", b"1")
+    store.add("n", 1)
+    store.append("l", b"x")
+    store.compare_set("c", b"", b"v")
+    keys = JobKeys(job_id)
+    pattern = keys.all_key_patterns()[0]
+    found = {k.decode() for k in r.scan_iter(match=pattern)}
+    assert found == {keys.store("test"), keys.store_notify("test")}
+    everywhere = {k.decode() for k in r.scan_iter(match="*") if job_id.encode() in k}
+    assert everywhere == found
+    assert all(k.startswith(f"elastic:{{{job_id}}}:") for k in found)
+    assert r.hgetall(keys.store("test")) == {b"a": b"1", b"n": b"1", b"l": b"x", b"c": b"v"}
+    assert r.type(keys.store_notify("test")) == b"stream"
+
+
+# -- blocking waits --------------------------------------------------------------------
+
+
+def test_get_blocks_until_another_thread_sets(
+    store: RedisStore, redis_url: str, job_id: str, r: redis.Redis
+) -> None:
+    waiter = Worker(lambda: store.get("late"))
+    waiter.start()
+    wait_until(lambda: blocked_xreads(r) >= 1, what="the get blocking in XREAD")
+    assert waiter.is_alive()
+    with RedisStore(redis_url, job_id, "test") as other:
+        set_at = time.monotonic()
+        other.set("late", b"here")
+    assert waiter.outcome() == b"here"
+    # Woken by Redis: it returns right after the write, with no polling tick to wait out.
+    assert waiter.returned_at - set_at < 0.5
+
+
+def test_unrelated_writes_do_not_end_a_wait(store: RedisStore, r: redis.Redis) -> None:
+    waiter = Worker(lambda: store.wait(["target"], timeout=5))
+    waiter.start()
+    wait_until(lambda: blocked_xreads(r) >= 1, what="the wait blocking")
+    for i in range(20):
+        store.set(f"noise{i}", b"x")
+    wait_until(lambda: blocked_xreads(r) >= 1, what="the wait blocking again")
+    assert waiter.is_alive()
+    store.set("target", b"1")
+    waiter.outcome()
+
+
+def test_wait_for_several_keys_set_by_several_threads(store: RedisStore) -> None:
+    keys = [f"k{i}" for i in range(5)]
+    waiter = Worker(lambda: store.wait(keys, timedelta(seconds=5)))
+    waiter.start()
+    setters = [Worker(lambda k=k: store.set(k, k)) for k in keys]
+    for s in setters:
+        s.start()
+    for s in setters:
+        s.outcome()
+    waiter.outcome()
+    assert store.multi_get(keys) == [k.encode() for k in keys]
+
+
+def test_multi_get_blocks_until_all_exist(store: RedisStore, r: redis.Redis) -> None:
+    store.set("a", b"1")
+    waiter = Worker(lambda: store.multi_get(["a", "b"]))
+    waiter.start()
+    wait_until(lambda: blocked_xreads(r) >= 1, what="multi_get blocking")
+    store.set("b", b"2")
+    assert waiter.outcome() == [b"1", b"2"]
+
+
+def test_get_timeout_names_the_key(store: RedisStore, job_id: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(StoreTimeoutError) as info:
+        store.get("never", timeout=0.3)
+    elapsed = time.monotonic() - started
+    assert 0.3 <= elapsed < 2.0
+    assert isinstance(info.value, TimeoutError)
+    assert str(info.value) == (
+        f"timed out after 0.3 s waiting for key(s) 'never' in store namespace 'test' "
+        f"of job '{job_id}'"
+    )
+    assert info.value.keys == ["never"]
+
+
+def test_wait_timeout_names_only_missing_keys(store: RedisStore) -> None:
+    store.set("here", b"1")
+    with pytest.raises(StoreTimeoutError, match=r"waiting for key\(s\) 'a', 'b' in") as info:
+        store.wait(["a", "here", "b"], timeout=timedelta(seconds=0.2))
+    assert "'here'" not in str(info.value)
+
+
+def test_multi_get_timeout_names_keys(store: RedisStore) -> None:
+    store.set("x", b"1")
+    with pytest.raises(StoreTimeoutError, match=r"'y'") as info:
+        store.multi_get(["x", "y"], timeout=0.2)
+    assert info.value.keys == ["y"]
+
+
+def test_set_timeout(store: RedisStore) -> None:
+    store.set_timeout(0.2)
+    assert store.timeout == timedelta(seconds=0.2)
+    assert store.timeout_seconds == 0.2
+    with pytest.raises(StoreTimeoutError, match="after 0.2 s"):
+        store.get("missing")
+    store.set_timeout(timedelta(milliseconds=150))
+    assert store.timeout_seconds == 0.15
+    with pytest.raises(StoreTimeoutError, match="after 0.15 s"):
+        store.wait(["missing"])
+    with pytest.raises(ValueError, match="negative"):
+        store.set_timeout(-1)
+
+
+def test_zero_timeout_waits_without_deadline(store: RedisStore, r: redis.Redis) -> None:
+    waiter = Worker(lambda: store.get("k", timeout=0))
+    waiter.start()
+    wait_until(lambda: blocked_xreads(r) >= 1, what="the get blocking")
+    store.set("k", b"v")
+    assert waiter.outcome() == b"v"
+
+
+def test_long_wait_loops_over_block_chunks(
+    redis_url: str, job_id: str, r: redis.Redis
+) -> None:
+    # A reader whose socket timeout is 1.1 s can block only ~0.1 s per XREAD: the wait
+    # must chain blocks (re-sending its last id) until the key shows up.
+    writer = make_client(redis_url)
+    reader = redis.Redis.from_url(redis_url, socket_timeout=1.1, protocol=2)
+    store = RedisStore.from_clients(writer, reader, job_id, "chunks", timeout=10)
+    before = int(r.info("commandstats").get("cmdstat_xread", {}).get("calls", 0))
+    waiter = Worker(lambda: store.get("k"))
+    waiter.start()
+    wait_until(
+        lambda: int(r.info("commandstats")["cmdstat_xread"]["calls"]) >= before + 3,
+        what="three XREAD chunks",
+    )
+    assert waiter.is_alive()
+    store.set("k", b"v")
+    assert waiter.outcome() == b"v"
+    store.close()  # leaves the caller's clients open
+    assert writer.ping()
+    writer.close()
+    reader.close()
+
+
+def test_clone_shares_the_namespace(store: RedisStore) -> None:
+    twin = store.clone()
+    try:
+        twin.set("k", b"v")
+        assert store.get("k") == b"v"
+        assert twin.timeout == store.timeout
+    finally:
+        twin.close()
+
+
+def test_redis_unreachable_is_one_clear_error(job_id: str) -> None:
+    port = free_port()  # nothing listens there
+    store = RedisStore(f"127.0.0.1:{port}", job_id, "test", timeout=1)
+    with pytest.raises(RedisUnavailableError) as info:
+        store.set("k", b"v")
+    message = str(info.value)
+    assert message.startswith(f"cannot reach Redis at redis://127.0.0.1:{port}: ")
+    assert "redis-server is running" in message
+    store.close()
+
+
+def test_blocking_wait_on_unreachable_redis_is_not_a_timeout(job_id: str) -> None:
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}"
+    store = RedisStore.from_clients(make_client(url, retries=0),
+                                    make_client(url, retries=0, blocking_ms=1000),
+                                    job_id, "test", timeout=1)
+    with pytest.raises(RedisUnavailableError, match=f"127.0.0.1:{port}"):
+        store.get("k")
+
+
+# -- barrier and synchronize -----------------------------------------------------------
+
+
+def test_barrier_four_threads_reused(redis_url: str, job_id: str, r: redis.Redis) -> None:
+    stores = [RedisStore(redis_url, job_id, "bar", timeout=10) for _ in range(4)]
+    passed: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def rank_main(rank: int) -> None:
+        for generation in range(2):
+            barrier(stores[rank], 4, "sync", timeout=10, rank=rank)
+            with lock:
+                passed.append((generation, rank))
+
+    workers = [Worker(lambda rank=rank: rank_main(rank)) for rank in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.outcome()
+    # Nobody passed the second barrier before everybody passed the first.
+    generations = [g for g, _ in passed]
+    assert generations == sorted(generations)
+    assert sorted(passed) == [(g, rank) for g in range(2) for rank in range(4)]
+    assert stores[0].get("sync/arrivals") == b"8"
+    # Completing generation 1 cleaned up generation 0.
+    fields = {f.decode() for f in r.hkeys(JobKeys(job_id).store("bar"))}
+    assert not any(f.startswith("sync/0/") for f in fields)
+    assert "sync/1/done" in fields
+    for s in stores:
+        s.close()
+
+
+def test_barrier_timeout_names_missing_ranks(store: RedisStore) -> None:
+    workers = [
+        Worker(lambda rank=rank: barrier(store, 4, "b", timeout=0.5, rank=rank))
+        for rank in (0, 2)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        with pytest.raises(StoreTimeoutError) as info:
+            w.outcome()
+        assert str(info.value) == (
+            "barrier 'b' timed out after 0.5 s: 2 of 4 ranks arrived; missing ranks: 1, 3"
+        )
+
+
+def test_barrier_timeout_without_ranks_counts_arrivals(store: RedisStore) -> None:
+    with pytest.raises(StoreTimeoutError, match="1 of 3 ranks arrived$"):
+        barrier(store, 3, "anon", timeout=0.2)
+
+
+def test_barrier_of_one_returns_at_once(store: RedisStore) -> None:
+    barrier(store, 1, "solo", timeout=1, rank=0)
+    barrier(store, 1, "solo", timeout=1, rank=0)
+
+
+def test_synchronize_gathers_in_rank_order_twice(store: RedisStore) -> None:
+    world = 3
+
+    def rank_main(rank: int) -> list[list[bytes]]:
+        return [
+            synchronize(store, f"r{rank}g{g}".encode(), rank, world, "gather", timeout=10)
+            for g in range(2)
+        ]
+
+    workers = [Worker(lambda rank=rank: rank_main(rank)) for rank in reversed(range(world))]
+    for w in workers:
+        w.start()
+    expected = [[f"r{rank}g{g}".encode() for rank in range(world)] for g in range(2)]
+    for w in workers:
+        assert w.outcome() == expected
+    # The round-0 data was deleted by the call that completed round 1.
+    assert not store.check(["gather/0/data/0"])
+    assert store.check(["gather/1/data/0"])
+
+
+def test_synchronize_timeout_names_missing_ranks(store: RedisStore) -> None:
+    with pytest.raises(StoreTimeoutError) as info:
+        synchronize(store, b"x", 1, 3, "sy", timeout=0.2)
+    assert str(info.value) == (
+        "synchronize 'sy' timed out after 0.2 s: 1 of 3 ranks arrived; missing ranks: 0, 2"
+    )
