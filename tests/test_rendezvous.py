@@ -287,3 +287,11 @@ def test_bad_settings_are_refused() -> None:
         RendezvousSettings(min_nodes=3, max_nodes=2)
     with pytest.raises(ValueError, match="keep_alive_interval"):
         RendezvousSettings(heartbeat_timeout=1, keep_alive_interval=2)
+
+
+def test_joining_lists_the_job_in_the_index(nodes: Nodes, r, job_id: str) -> None:
+    from elastic_console.agent.protocol import JOBS_INDEX
+
+    nodes.make(fixed(1)).next_rendezvous()
+    assert r.zscore(JOBS_INDEX, job_id) is not None
+    assert r.hget(JobKeys(job_id).meta, "max_nodes") == b"1"

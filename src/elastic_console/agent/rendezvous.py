@@ -462,6 +462,8 @@ class RedisRendezvous:
         starts), from this thread.
         """
         s = self.settings
+        if self._last_round is None:
+            self._register_job()
         self._start_heartbeats()
         want = 0 if self._last_round is None else self._last_round + 1
         desc = NodeDescription(self.node_id, self.host, self.local_addr,
@@ -511,6 +513,19 @@ class RedisRendezvous:
             if progress is not None:
                 streams[self.keys.rdzv_joins] = joins_id
             self._wait_notify(streams, block_ms)
+
+    def _register_job(self) -> None:
+        """List the job in the job index so consoles can find it (first registration wins)."""
+        try:
+            secs, micros = self._client.time()
+            now_ms = secs * 1000 + micros // 1000
+            self._client.zadd(protocol.JOBS_INDEX, {self.job_id: now_ms}, nx=True)
+            self._client.hsetnx(self.keys.meta, "created_ms", now_ms)
+            self._client.hset(self.keys.meta, mapping={
+                "min_nodes": self.settings.min_nodes, "max_nodes": self.settings.max_nodes,
+            })
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            raise RendezvousConnectionError(str(explain_error(exc, self.endpoint.display))) from None
 
     def _wait_notify(self, streams: dict[str, bytes], block_ms: int) -> None:
         # Any entry means "look again": the join script re-reads the state and returns
@@ -597,6 +612,7 @@ class RedisRendezvous:
                 self._reader.close()
         return True
 
+    @property
     def use_agent_store(self) -> bool:
         # Workers build their own process group store on MASTER_ADDR:MASTER_PORT.
         return False
