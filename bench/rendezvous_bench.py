@@ -12,6 +12,7 @@ DynamicRendezvousHandler on a TCPStore on loopback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import threading
@@ -44,7 +45,7 @@ def rendezvous_time(backend: str, endpoint: str, n: int, timeout: float) -> floa
             info = handler.next_rendezvous()
             with lock:
                 ranks.append(info.rank)
-        except BaseException as exc:  # noqa: BLE001 - a failed node is reported, not raised
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=node, daemon=True) for _ in range(n)]
@@ -57,10 +58,8 @@ def rendezvous_time(backend: str, endpoint: str, n: int, timeout: float) -> floa
     took = time.perf_counter() - started
     complete = len(ranks) == n and sorted(ranks) == list(range(n))
     for h in handlers:
-        try:
+        with contextlib.suppress(Exception):  # clean-up only
             h.shutdown()
-        except Exception:  # noqa: BLE001 - clean-up only
-            pass
     if errors and not complete:
         print(f"  {backend} N={n}: {type(errors[0]).__name__}: {errors[0]}", file=sys.stderr)
     return took if complete else None

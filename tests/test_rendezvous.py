@@ -51,7 +51,7 @@ class Nodes:
         def run(i: int) -> None:
             try:
                 results[i] = handles[i].next_rendezvous()
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:
                 results[i] = exc
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(len(handles))]

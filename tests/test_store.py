@@ -267,11 +267,11 @@ def test_set_timeout(store: RedisStore) -> None:
     store.set_timeout(0.2)
     assert store.timeout == timedelta(seconds=0.2)
     assert store.timeout_seconds == 0.2
-    with pytest.raises(StoreTimeoutError, match="after 0.2 s"):
+    with pytest.raises(StoreTimeoutError, match=r"after 0\.2 s"):
         store.get("missing")
     store.set_timeout(timedelta(milliseconds=150))
     assert store.timeout_seconds == 0.15
-    with pytest.raises(StoreTimeoutError, match="after 0.15 s"):
+    with pytest.raises(StoreTimeoutError, match=r"after 0\.15 s"):
         store.wait(["missing"])
     with pytest.raises(ValueError, match="negative"):
         store.set_timeout(-1)
@@ -388,7 +388,7 @@ def test_barrier_timeout_names_missing_ranks(store: RedisStore) -> None:
 
 
 def test_barrier_timeout_without_ranks_counts_arrivals(store: RedisStore) -> None:
-    with pytest.raises(StoreTimeoutError, match="1 of 3 ranks arrived$"):
+    with pytest.raises(StoreTimeoutError, match=r"1 of 3 ranks arrived$"):
         barrier(store, 3, "anon", timeout=0.2)
 
 

@@ -231,7 +231,7 @@ class RedisStore:
         must return bytes (``decode_responses=False``).
         """
         store = cls.__new__(cls)
-        store._setup(writer, reader or writer, job_id, namespace, timeout, None,
+        store._setup(writer, writer if reader is None else reader, job_id, namespace, timeout, None,
                      owns_clients=False)
         return store
 
@@ -341,7 +341,7 @@ class RedisStore:
         if not names:
             return
         args: list[Any] = [NOTIFY_MAXLEN]
-        for name, value in zip(names, values):
+        for name, value in zip(names, values, strict=True):
             args += [name, _value_bytes(name, value)]
         with self._errors():
             self._set_script(keys=[self._hash, self._notify], args=args)
@@ -486,7 +486,7 @@ class RedisStore:
         deadline = None if seconds == 0 else time.monotonic() + seconds
         while True:
             last_id, found = self._check(names, fetch=fetch)
-            missing = [n for n, v in zip(names, found) if v is None or v is False]
+            missing = [n for n, v in zip(names, found, strict=True) if v is None or v is False]
             if not missing:
                 return [bytes(v) if isinstance(v, (bytes, bytearray)) else None for v in found]
             if deadline is not None and time.monotonic() >= deadline:

@@ -14,11 +14,24 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
-import torch.distributed as dist
 
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStoreInfo,
+    RendezvousTimeoutError,
+)
+
+from elastic_console.agent import rendezvous as rdzv
 from elastic_console.agent.connection import Endpoint, RedisUnavailableError
+from elastic_console.agent.rendezvous import RedisRendezvous, RendezvousSettings
 from elastic_console.agent.store import DEFAULT_TIMEOUT, RedisStore, StoreTimeoutError
 
 __all__ = ["TorchRedisStore"]
@@ -104,7 +117,7 @@ class TorchRedisStore(dist.Store):
 
     def _deadline(self) -> timedelta:
         # Read the C++ value each time: C++ code may set it without going through Python.
-        return dist.Store.timeout.__get__(self)
+        return self.timeout
 
     # -- c10d Store interface (names as the pybind11 trampoline looks them up) -----------
 
@@ -137,14 +150,14 @@ class TorchRedisStore(dist.Store):
         with _as_torch_errors():
             return self._store.num_keys()
 
-    def getNumKeys(self) -> int:  # noqa: N802 - the name C++ looks up
+    def getNumKeys(self) -> int:  # the name C++ looks up
         return self.num_keys()
 
     def delete_key(self, key: str) -> bool:
         with _as_torch_errors():
             return self._store.delete_key(key)
 
-    def deleteKey(self, key: str) -> bool:  # noqa: N802 - the name C++ looks up
+    def deleteKey(self, key: str) -> bool:  # the name C++ looks up
         return self.delete_key(key)
 
     def append(self, key: str, value: bytes | str) -> None:
@@ -173,3 +186,100 @@ class TorchRedisStore(dist.Store):
         twin = TorchRedisStore(self._store.clone())
         twin.set_timeout(self._deadline())
         return twin
+
+
+# -- rendezvous ---------------------------------------------------------------------------
+
+def _settings_from(params: RendezvousParameters) -> RendezvousSettings:
+    """``--rdzv-conf`` values arrive as strings; times may be fractional seconds."""
+    def seconds(key: str, default: float) -> float:
+        value = params.get(key, None)
+        if value is None or value == "":
+            return default
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"--rdzv-conf {key}={value!r} is not a number of seconds") from None
+
+    d = RendezvousSettings()
+    return RendezvousSettings(
+        min_nodes=params.min_nodes,
+        max_nodes=params.max_nodes,
+        join_timeout=seconds("join_timeout", d.join_timeout),
+        last_call_timeout=seconds("last_call_timeout", d.last_call_timeout),
+        heartbeat_timeout=seconds("heartbeat_timeout", d.heartbeat_timeout),
+        keep_alive_interval=seconds("keep_alive_interval", d.keep_alive_interval),
+    )
+
+
+class RedisRendezvousHandler(RendezvousHandler):
+    """torch's ``RendezvousHandler`` over :class:`RedisRendezvous`.
+
+    ``next_rendezvous`` returns a store for the round (namespace ``r<round>`` of the job) and
+    group rank 0's MASTER_ADDR/MASTER_PORT. Errors are torch's rendezvous error classes.
+    """
+
+    def __init__(self, core: RedisRendezvous, store_timeout: float = 300.0) -> None:
+        self._core = core
+        self._store_timeout = store_timeout
+
+    @property
+    def core(self) -> RedisRendezvous:
+        return self._core
+
+    def get_backend(self) -> str:
+        return self._core.get_backend()
+
+    @property
+    def use_agent_store(self) -> bool:
+        return self._core.use_agent_store
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        try:
+            result = self._core.next_rendezvous()
+        except rdzv.RendezvousClosedError as exc:
+            raise RendezvousClosedError(str(exc)) from None
+        except rdzv.RendezvousTimeoutError as exc:
+            raise RendezvousTimeoutError(str(exc)) from None
+        except rdzv.RendezvousConnectionError as exc:
+            raise RendezvousConnectionError(str(exc)) from None
+        store = TorchRedisStore(RedisStore(self._core.endpoint, self._core.job_id,
+                                           f"r{result.round}", self._store_timeout))
+        return RendezvousInfo(
+            store, result.group_rank, result.group_world_size,
+            RendezvousStoreInfo(result.master_addr, result.master_port),
+        )
+
+    def is_closed(self) -> bool:
+        return self._core.is_closed()
+
+    def set_closed(self) -> None:
+        self._core.set_closed()
+
+    def num_nodes_waiting(self) -> int:
+        return self._core.num_nodes_waiting()
+
+    def get_run_id(self) -> str:
+        return self._core.get_run_id()
+
+    def shutdown(self) -> bool:
+        return self._core.shutdown()
+
+
+def create_handler(params: RendezvousParameters) -> RedisRendezvousHandler:
+    """The ``redis`` backend's creator: ``--rdzv-endpoint`` is the Redis endpoint (host,
+    host:port or a URL), ``--rdzv-id`` the job id."""
+    core = RedisRendezvous(params.endpoint, params.run_id, _settings_from(params),
+                           local_addr=params.local_addr)
+    return RedisRendezvousHandler(core)
+
+
+def rendezvous_handler_factory() -> Callable[[RendezvousParameters], RendezvousHandler]:
+    """Entry point of the ``torchrun.handlers`` group, name ``redis``: a zero-argument
+    factory returning the creator, as torch's registry expects."""
+    return create_handler
+
+
+def cuda_device_count() -> int:
+    """GPUs torch can see (for ``--nproc-per-node gpu|auto``)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -1,0 +1,281 @@
+"""`elastic-agent` command line: torchrun's flags (both spellings) plus our own.
+
+``parse_args`` turns argv into an :class:`AgentConfig` or raises :class:`UsageError` with one
+line that says what was wrong and what to do; the CLI prints it and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .connection import Endpoint, EndpointError, parse_endpoint
+from .protocol import InvalidJobIdError, validate_job_id
+from .rendezvous import RendezvousSettings
+
+
+class UsageError(ValueError):
+    """A bad command line. The message is one line."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    endpoint: Endpoint
+    job_id: str
+    job_id_generated: bool
+    rendezvous: RendezvousSettings
+    nproc: int
+    max_restarts: int
+    monitor_interval: float
+    role: str
+    entrypoint: list[str]
+    log_dir: Path
+    redirects: str
+    tee: str
+    local_ranks_filter: frozenset[int] | None
+    log_line_prefix_template: str | None
+    local_addr: str | None
+    shutdown_timeout: float
+    signals_to_handle: tuple[int, ...]
+    exit_barrier_timeout: float
+    standalone: bool
+    log_retention: int
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see elastic-agent --help)")
+
+
+def _both(name: str) -> list[str]:
+    """torchrun accepts every multi-word flag with dashes and with underscores."""
+    flag = f"--{name}"
+    alt = flag.replace("-", "_").replace("__", "--", 1)
+    return [flag] if alt == flag else [flag, alt]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="elastic-agent",
+        description="Launch and supervise the workers of one host of an elastic PyTorch job, "
+        "coordinated through Redis. Takes torchrun's flags.",
+        allow_abbrev=False,
+    )
+    a = p.add_argument
+    a("--redis", default=None, help="Redis endpoint: host, host:port or redis://, rediss://, "
+      "unix:// URL (default $ELASTIC_REDIS_URL, else redis://127.0.0.1:6379)")
+    a(*_both("job-id"), dest="job_id", default=None,
+      help="job id shared by every agent of the job (default $ELASTIC_JOB_ID; a single-node "
+      "job without one gets a generated id)")
+    a("--standalone", action="store_true",
+      help="single-node job on an embedded redis-server on loopback")
+    a("--nnodes", default="1:1", help="number of nodes, N or MIN:MAX")
+    a(*_both("nproc-per-node"), dest="nproc_per_node", default="1",
+      help="workers per node: N, auto, cpu or gpu")
+    a(*_both("rdzv-backend"), dest="rdzv_backend", default="redis",
+      help="accepted for torchrun compatibility; elastic-agent always meets in Redis")
+    a(*_both("rdzv-endpoint"), dest="rdzv_endpoint", default="",
+      help="alias of --redis for torchrun command lines")
+    a(*_both("rdzv-id"), dest="rdzv_id", default=None, help="alias of --job-id")
+    a(*_both("rdzv-conf"), dest="rdzv_conf", default="",
+      help="key=value,...: join_timeout, last_call_timeout, heartbeat_timeout, "
+      "keep_alive_interval (seconds)")
+    a(*_both("max-restarts"), dest="max_restarts", default="0",
+      help="job-wide restarts allowed after failures (default 0)")
+    a(*_both("monitor-interval"), dest="monitor_interval", default="0.1",
+      help="accepted for compatibility: worker exits are events here, not polled")
+    a(*_both("start-method"), dest="start_method", default="spawn",
+      help="accepted for compatibility; workers are always separate processes")
+    a("--role", default="default", help="worker role name")
+    a("-m", "--module", action="store_true", help="run the script as a module (python -m)")
+    a(*_both("no-python"), dest="no_python", action="store_true",
+      help="run the script as an executable, without python")
+    a(*_both("run-path"), dest="run_path", action="store_true",
+      help="run the script with runpy.run_path semantics (a python file path)")
+    a(*_both("log-dir"), dest="log_dir", default=None,
+      help="directory for per-rank log files (default: a temporary directory)")
+    a("-r", "--redirects", default="0",
+      help="send these streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or "
+      "per local rank 0:1,1:2")
+    a("-t", "--tee", default="0",
+      help="send these streams to log files and to the terminal (same syntax as --redirects)")
+    a(*_both("local-ranks-filter"), dest="local_ranks_filter", default="",
+      help="only these local ranks show on the terminal, e.g. 0,3")
+    a(*_both("log-line-prefix-template"), dest="log_line_prefix_template", default=None,
+      help="prefix of terminal lines, with ${role_name}, ${rank} and ${local_rank}")
+    a(*_both("local-addr"), dest="local_addr", default=None,
+      help="address other nodes reach this one at (default: the host's FQDN)")
+    a(*_both("shutdown-timeout"), dest="shutdown_timeout", default="30",
+      help="seconds between SIGTERM and SIGKILL when stopping workers (default 30)")
+    a(*_both("signals-to-handle"), dest="signals_to_handle",
+      default="SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+      help="signals that make the agent stop its workers and leave the job")
+    a(*_both("exit-barrier-timeout"), dest="exit_barrier_timeout", default="300",
+      help="seconds a finished node waits for the others (default 300)")
+    a(*_both("node-rank"), dest="node_rank", default=None,
+      help="accepted for compatibility; group ranks come from the rendezvous")
+    a(*_both("master-addr"), dest="master_addr", default=None, help=argparse.SUPPRESS)
+    a(*_both("master-port"), dest="master_port", default=None, help=argparse.SUPPRESS)
+    a(*_both("log-retention"), dest="log_retention", default="200000",
+      help="log entries kept per node stream in Redis (default 200000)")
+    a("training_script", nargs="?", help="the worker script (or module, or executable)")
+    a("training_script_args", nargs=argparse.REMAINDER)
+    return p
+
+
+def _number(value: str, flag: str, kind: type = int, minimum: float = 0) -> float:
+    try:
+        n = kind(value)
+    except ValueError:
+        raise UsageError(f"{flag} {value!r} is not a {'whole ' if kind is int else ''}number") from None
+    if n < minimum:
+        raise UsageError(f"{flag} must be at least {minimum:g}, not {value}")
+    return n
+
+
+def parse_nnodes(value: str) -> tuple[int, int]:
+    parts = value.split(":")
+    if len(parts) not in (1, 2) or not all(x.strip().isdigit() for x in parts):
+        raise UsageError(f"--nnodes {value!r} is not N or MIN:MAX (e.g. 2 or 2:4)")
+    lo, hi = int(parts[0]), int(parts[-1])
+    if lo < 1 or hi < lo:
+        raise UsageError(f"--nnodes {value!r}: need 1 <= MIN <= MAX")
+    return lo, hi
+
+
+def parse_nproc(value: str) -> int:
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    if value == "cpu":
+        return os.cpu_count() or 1
+    if value in ("gpu", "auto"):
+        from .torch_compat import cuda_device_count  # torch only when asked for GPUs
+
+        gpus = cuda_device_count()
+        if gpus:
+            return gpus
+        if value == "gpu":
+            raise UsageError("--nproc-per-node gpu: no CUDA device is visible on this host")
+        return os.cpu_count() or 1
+    raise UsageError(f"--nproc-per-node {value!r} is not a positive number, auto, cpu or gpu")
+
+
+def parse_rdzv_conf(value: str) -> dict[str, float]:
+    known = {"join_timeout", "last_call_timeout", "heartbeat_timeout", "keep_alive_interval"}
+    out: dict[str, float] = {}
+    for item in filter(None, (x.strip() for x in value.split(","))):
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise UsageError(f"--rdzv-conf item {item!r} is not key=value")
+        key = key.strip()
+        if key not in known:
+            # torch's own keys (timeout, read_timeout, is_host, ...) mean nothing here.
+            continue
+        out[key] = float(_number(raw.strip(), f"--rdzv-conf {key}", float, 0.001))
+    return out
+
+
+def parse_signals(value: str) -> tuple[int, ...]:
+    sigs = []
+    for name in filter(None, (x.strip() for x in value.split(","))):
+        sig = getattr(signal, name.upper(), None)
+        if not isinstance(sig, signal.Signals):
+            raise UsageError(f"--signals-to-handle: {name!r} is not a signal name like SIGTERM")
+        sigs.append(int(sig))
+    return tuple(sigs)
+
+
+def parse_local_ranks(value: str) -> frozenset[int] | None:
+    if not value.strip():
+        return None
+    try:
+        return frozenset(int(x) for x in value.split(","))
+    except ValueError:
+        raise UsageError(f"--local-ranks-filter {value!r} is not a comma-separated list of ranks") from None
+
+
+def check_std_spec(value: str, flag: str) -> str:
+    from .logs import parse_std_spec
+
+    try:
+        parse_std_spec(value)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+    return value
+
+
+def build_entrypoint(ns: argparse.Namespace) -> list[str]:
+    script = ns.training_script
+    if not script:
+        raise UsageError("no training script given: elastic-agent [options] SCRIPT [ARGS...]")
+    args = list(ns.training_script_args)
+    if ns.no_python and ns.module:
+        raise UsageError("--no-python and -m cannot be used together")
+    if ns.no_python:
+        return [script, *args]
+    if ns.module:
+        return [sys.executable, "-u", "-m", script, *args]
+    if not Path(script).exists():
+        raise UsageError(f"training script {script!r} does not exist")
+    return [sys.executable, "-u", script, *args]
+
+
+def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> AgentConfig:
+    env = os.environ if environ is None else environ
+    ns = build_parser().parse_args(argv)
+    min_nodes, max_nodes = parse_nnodes(ns.nnodes)
+    try:
+        endpoint = parse_endpoint(ns.redis or ns.rdzv_endpoint or env.get("ELASTIC_REDIS_URL"))
+    except EndpointError as exc:
+        raise UsageError(f"--redis: {exc}") from None
+    job_id = ns.job_id or ns.rdzv_id or env.get("ELASTIC_JOB_ID")
+    if job_id in (None, "", "none"):  # torchrun's --rdzv-id default is "none"
+        if max_nodes > 1 and not ns.standalone:
+            raise UsageError(
+                "a multi-node job needs --job-id (or $ELASTIC_JOB_ID), the same on every node"
+            )
+        job_id, generated = f"job-{uuid.uuid4().hex[:8]}", True
+    else:
+        generated = False
+    try:
+        validate_job_id(job_id)
+    except InvalidJobIdError as exc:
+        raise UsageError(f"--job-id: {exc}") from None
+    if ns.standalone:
+        min_nodes = max_nodes = 1
+    conf = parse_rdzv_conf(ns.rdzv_conf)
+    try:
+        settings = RendezvousSettings(min_nodes=min_nodes, max_nodes=max_nodes, **conf)
+    except ValueError as exc:
+        raise UsageError(f"--rdzv-conf: {exc}") from None
+    log_dir = Path(ns.log_dir) if ns.log_dir else Path(
+        os.environ.get("TMPDIR", "/tmp")) / "elastic-agent-logs"
+    return AgentConfig(
+        endpoint=endpoint,
+        job_id=job_id,
+        job_id_generated=generated,
+        rendezvous=settings,
+        nproc=parse_nproc(ns.nproc_per_node),
+        max_restarts=int(_number(ns.max_restarts, "--max-restarts")),
+        monitor_interval=float(_number(ns.monitor_interval, "--monitor-interval", float)),
+        role=ns.role,
+        entrypoint=build_entrypoint(ns),
+        log_dir=log_dir / job_id,
+        redirects=check_std_spec(ns.redirects, "--redirects"),
+        tee=check_std_spec(ns.tee, "--tee"),
+        local_ranks_filter=parse_local_ranks(ns.local_ranks_filter),
+        log_line_prefix_template=ns.log_line_prefix_template,
+        local_addr=ns.local_addr,
+        shutdown_timeout=float(_number(ns.shutdown_timeout, "--shutdown-timeout", float)),
+        signals_to_handle=parse_signals(ns.signals_to_handle),
+        exit_barrier_timeout=float(_number(ns.exit_barrier_timeout, "--exit-barrier-timeout",
+                                           float)),
+        standalone=ns.standalone,
+        log_retention=int(_number(ns.log_retention, "--log-retention", int, 100)),
+    )
