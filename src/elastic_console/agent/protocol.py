@@ -379,18 +379,20 @@ class NodeDescription:
     addr: str
     port: int
     pid: int
+    nproc: int = 0  # workers this node runs (0: not an elastic-agent, e.g. torchrun)
 
     def encode(self) -> str:
         return json.dumps(
             {"node": self.node, "host": self.host, "addr": self.addr, "port": self.port,
-             "pid": self.pid},
+             "pid": self.pid, "nproc": self.nproc},
             separators=(",", ":"),
         )
 
     @staticmethod
     def decode(raw: str | bytes) -> NodeDescription:
         d = json.loads(raw)
-        return NodeDescription(d["node"], d["host"], d["addr"], int(d["port"]), int(d["pid"]))
+        return NodeDescription(d["node"], d["host"], d["addr"], int(d["port"]), int(d["pid"]),
+                               int(d.get("nproc", 0)))
 
 
 @dataclass(frozen=True)
@@ -399,8 +401,17 @@ class RoundInfo:
 
     round: int
     world_size: int
-    nodes: list[dict[str, Any]]  # [{node, host, addr, port, pid, group_rank}], by group rank
+    nodes: list[dict[str, Any]]  # [{node, host, addr, port, pid, nproc, group_rank}], by rank
     completed_ms: int
+
+    def base_rank(self, group_rank: int) -> int:
+        """Global rank of local rank 0 on the node with ``group_rank`` (nodes may differ in
+        how many workers they run)."""
+        return sum(int(n.get("nproc", 0)) for n in self.nodes[:group_rank])
+
+    @property
+    def total_workers(self) -> int:
+        return sum(int(n.get("nproc", 0)) for n in self.nodes)
 
     def rank_of(self, node: str) -> int | None:
         for n in self.nodes:

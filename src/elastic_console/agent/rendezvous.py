@@ -342,6 +342,7 @@ elseif redis.call('HEXISTS', K_RANKS, node) == 1 then
   redis.call('SADD', K_LEFT, node)
 end
 note_join('left', node)
+notify('left')
 return 1
 """
 
@@ -403,6 +404,7 @@ class RedisRendezvous:
         *,
         local_addr: str | None = None,
         node_id: str | None = None,
+        nproc: int = 0,
         client: redis.Redis | None = None,
         reader: redis.Redis | None = None,
     ) -> None:
@@ -413,6 +415,7 @@ class RedisRendezvous:
         self.host = socket.gethostname()
         self.local_addr = local_addr or _default_addr()
         self.node_id = node_id or f"{self.host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.nproc = nproc
         self._client = client or make_client(self.endpoint)
         self._reader = reader or make_client(self.endpoint, blocking_ms=_BLOCK_CHUNK_MS)
         self._owns_clients = client is None
@@ -468,11 +471,13 @@ class RedisRendezvous:
         want = 0 if self._last_round is None else self._last_round + 1
         desc = NodeDescription(self.node_id, self.host, self.local_addr,
                                free_port(self.local_addr if _bindable(self.local_addr) else ""),
-                               os.getpid()).encode()
+                               os.getpid(), self.nproc).encode()
         join_deadline = time.monotonic() + s.join_timeout
         last_seen: tuple[Any, ...] = ()
         previous = self._previous_members()
         while True:
+            if self._stop.is_set():  # shutdown() from another thread: do not join again
+                raise RendezvousClosedError(f"node {self.node_id} left the rendezvous")
             status, rnd, now, wake, notify_id, payload, joins_id = self._call(
                 self._join,
                 [self.node_id, desc, s.min_nodes, s.max_nodes, int(s.last_call_timeout * 1000),
@@ -580,14 +585,19 @@ class RedisRendezvous:
         Counts late arrivals the completed round has room for, members lost or gone, and,
         when a newer round has opened without this node, everyone in it.
         """
-        m = self.membership()
+        return self.waiting_count(self.membership())
+
+    def waiting_count(self, m: Membership, include_lost: bool = True) -> int:
+        """``num_nodes_waiting`` for a membership already read. ``include_lost=False`` ignores
+        stale heartbeats (right after a Redis outage every heartbeat looks stale)."""
         mine = self._last_round
         if mine is not None and m.round > mine:
             return max(1, len(m.members))
         if m.status != "complete":
             return len(m.members) if mine is not None else 0
-        room = max(0, self.settings.max_nodes - len(m.members) + len(m.lost) + len(m.left))
-        return min(len(m.waiting), room) + len(m.lost) + len(m.left)
+        lost = len(m.lost) if include_lost else 0
+        room = max(0, self.settings.max_nodes - len(m.members) + lost + len(m.left))
+        return min(len(m.waiting), room) + lost + len(m.left)
 
     def is_closed(self) -> bool:
         return self._client.hget(self.keys.rdzv_state, "closed") == b"1"

@@ -1,0 +1,599 @@
+"""The agent's state machine: rendezvous, start, monitor, restart, exit.
+
+One agent runs on each host of a job. The loop, per round:
+
+1. rendezvous (Redis; progress on the terminal) -> group rank, world size, master address;
+2. start the local workers with torchrun's environment;
+3. monitor, reacting to whichever comes first:
+   * the local group's outcome (a worker exit is an asyncio event, not a polling tick),
+   * a change of the job's membership or a newer round opened by another node (notify
+     streams, plus the heartbeat clock for lost nodes),
+   * a command from the job's command stream (stop, restart, signal),
+   * a signal to the agent;
+4. then stop the workers (whole process trees) and either re-rendezvous or exit.
+
+A failure anywhere restarts the whole job's worker group; restarts are counted once per
+round by one job-wide counter in Redis and limited by ``--max-restarts``. Membership changes
+and restart commands do not spend a restart. Exit status: 0 on success, 1 when the job
+failed, 128+N when signal N stopped the agent, 143 when a stop command ended the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import logging
+import signal
+import socket
+import sys
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import IO, Any
+
+import redis
+import redis.asyncio as aioredis
+
+from . import protocol
+from .commands import CommandReader, Rejected
+from .config import AgentConfig
+from .connection import make_async_client
+from .events import EventSink, ResourceSampler
+from .logs import LogConfig, NodeLogs, make_logs_drop_marker, parse_std_spec
+from .protocol import Command, CommandType, EventType, JobKeys
+from .publisher import StreamPublisher
+from .rendezvous import (
+    RedisRendezvous,
+    RendezvousClosedError,
+    RendezvousProgress,
+    RendezvousResult,
+)
+from .store import RedisStore, StoreTimeoutError, barrier
+from .workers import GroupResult, RankAssignment, WorkerExit, WorkerGroup, WorkerSpec, WorkerState
+
+log = logging.getLogger(__name__)
+
+EXIT_STOPPED = 143  # a stop command: the conventional status of a terminated process
+
+# Claims the restart of one failed round, once across the job, and counts it.
+# KEYS: restarts, meta. ARGV: round. Returns {claimed (0/1), restarts used}.
+_CLAIM_RESTART = """
+if redis.call('HSETNX', KEYS[2], 'restart_claim:' .. ARGV[1], 1) == 0 then
+  return {0, tonumber(redis.call('GET', KEYS[1]) or '0')}
+end
+return {1, redis.call('INCR', KEYS[1])}
+"""
+
+
+class Outcome(enum.Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # a local worker failed
+    REFORM = "reform"  # membership changed, or another node opened a newer round
+    RESTART = "restart"  # a restart command
+    STOP = "stop"  # a stop command
+    CLOSED = "closed"  # the job ended elsewhere (failed or stopped)
+    SIGNAL = "signal"  # the agent itself was signalled
+
+
+@dataclass
+class _Round:
+    result: RendezvousResult
+    attempt: int
+    restart_count: int
+    started_ms: int
+
+
+class ElasticAgent:
+    """Runs one host's part of a job until it succeeds, fails, is stopped or signalled."""
+
+    def __init__(self, config: AgentConfig, *, terminal: IO[str] | None = None) -> None:
+        self.cfg = config
+        self.keys = JobKeys(config.job_id)
+        self.term = terminal or sys.stderr
+        self.rdzv = RedisRendezvous(config.endpoint, config.job_id, config.rendezvous,
+                                    local_addr=config.local_addr, nproc=config.nproc)
+        self.node_id = self.rdzv.node_id
+        self.host = socket.gethostname()
+        self.publisher = StreamPublisher(
+            config.endpoint, make_drop_marker=make_logs_drop_marker(config.job_id, self.node_id))
+        self.events = EventSink(self.publisher, config.job_id, self.node_id)
+        self._client: aioredis.Redis = make_async_client(config.endpoint)
+        self._reader: aioredis.Redis = make_async_client(config.endpoint, blocking_ms=30_000)
+        self.node_logs = NodeLogs(
+            LogConfig(redirects=parse_std_spec(config.redirects), tee=parse_std_spec(config.tee),
+                      local_ranks_filter=config.local_ranks_filter,
+                      log_line_prefix_template=config.log_line_prefix_template,
+                      maxlen=config.log_retention),
+            publisher=self.publisher, job_id=config.job_id, node_id=self.node_id)
+        self.group = WorkerGroup(
+            WorkerSpec(role=config.role, nproc=config.nproc, entrypoint=config.entrypoint,
+                       max_restarts=config.max_restarts, run_id=config.job_id,
+                       redis_url=config.endpoint.url, job_id=config.job_id,
+                       log_dir=config.log_dir, shutdown_timeout=config.shutdown_timeout,
+                       extra_env=config.extra_env),
+            logs=self.node_logs, on_exit=self._on_worker_exit)
+        self.sampler = ResourceSampler(self._client, config.job_id, self.node_id)
+        self._round: _Round | None = None
+        self._attempt = -1
+        self._signal: asyncio.Future[int] | None = None
+        self._actions: asyncio.Queue[Command] = asyncio.Queue()
+        self._restarts_used = 0
+        self.root_cause: dict[str, Any] | None = None
+
+    # -- terminal -------------------------------------------------------------------------
+    def say(self, message: str) -> None:
+        print(f"[elastic-agent] {message}", file=self.term, flush=True)
+
+    # -- entry point ----------------------------------------------------------------------
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        self._signal = loop.create_future()
+        for sig in self.cfg.signals_to_handle:
+            with contextlib.suppress(ValueError, RuntimeError, OSError):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+        await self.publisher.start()
+        background = [asyncio.create_task(self._read_commands(), name="commands"),
+                      asyncio.create_task(self.sampler.run(), name="resources")]
+        try:
+            return await self._main()
+        finally:
+            for t in background:
+                t.cancel()
+            await self.group.stop()
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.rdzv.shutdown)
+            await self.publisher.close(flush_timeout=5.0)
+            await self._client.aclose()
+            await self._reader.aclose()
+            for sig in self.cfg.signals_to_handle:
+                with contextlib.suppress(ValueError, RuntimeError):
+                    loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: int) -> None:
+        if self._signal is not None and not self._signal.done():
+            self.say(f"received {signal.Signals(sig).name}: stopping the workers and leaving "
+                     f"job {self.cfg.job_id}")
+            self._signal.set_result(sig)
+
+    async def _main(self) -> int:
+        await self._write_meta()
+        self.events.emit(EventType.NODE_JOINED, host=self.host, addr=self.rdzv.local_addr,
+                         pid=_pid(), nproc=self.cfg.nproc)
+        while True:
+            result = await self._race(asyncio.to_thread(self._rendezvous), during_rendezvous=True)
+            if isinstance(result, Outcome):
+                return await self._finish_without_workers(result)
+            await self._start(result)
+            outcome, detail = await self._monitor()
+            code = await self._after(outcome, detail)
+            if code is not None:
+                return code
+
+    # -- rendezvous -----------------------------------------------------------------------
+    def _rendezvous(self) -> RendezvousResult | Outcome:
+        s = self.cfg.rendezvous
+        self.say(f"job {self.cfg.job_id}: joining the rendezvous on {self.cfg.endpoint.display} "
+                 f"(nodes {s.min_nodes}..{s.max_nodes})")
+        try:
+            return self.rdzv.next_rendezvous(progress=self._progress)
+        except RendezvousClosedError:
+            return Outcome.CLOSED
+
+    def _progress(self, p: RendezvousProgress) -> None:
+        if p.status == "waiting":
+            self.say(f"round {p.round} is running without this node; waiting for the next "
+                     f"round (join timeout in {p.join_left:.0f} s)")
+            return
+        need = max(0, p.min_nodes - len(p.joined))
+        parts = [f"round {p.round}: {len(p.joined)} of {p.min_nodes}..{p.max_nodes} nodes "
+                 f"joined"]
+        if need:
+            parts.append(f"waiting for {need} more")
+        if p.missing:
+            parts.append("missing: " + ", ".join(p.missing))
+        if p.last_call_left is not None:
+            parts.append(f"last call ends in {p.last_call_left:.0f} s")
+        parts.append(f"join timeout in {p.join_left:.0f} s")
+        self.say("; ".join(parts))
+
+    async def _race(self, work: Awaitable[Any], during_rendezvous: bool = False) -> Any:
+        """Await ``work`` unless a signal or a stop command comes first."""
+        task = asyncio.ensure_future(work)
+        assert self._signal is not None
+        while True:
+            action = asyncio.ensure_future(self._actions.get())
+            done, _ = await asyncio.wait({task, self._signal, action},
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if action in done:
+                cmd = action.result()
+                if cmd.type == CommandType.STOP:
+                    await self._close_job("stopped", command=cmd)
+                # A restart while no workers run is already done; keep waiting.
+                if not task.done():
+                    continue
+            else:
+                action.cancel()
+            if self._signal.done() and not task.done():
+                if during_rendezvous:
+                    await asyncio.to_thread(self.rdzv.shutdown)  # wakes the rendezvous thread
+                    with contextlib.suppress(Exception):
+                        await task
+                else:
+                    task.cancel()
+                return Outcome.SIGNAL
+            return task.result()
+
+    # -- start ----------------------------------------------------------------------------
+    async def _start(self, result: RendezvousResult) -> None:
+        self._attempt += 1
+        restarts = int(await self._client.get(self.keys.restarts) or 0)
+        self._restarts_used = restarts
+        info = result.info
+        world = info.total_workers or self.cfg.nproc * result.group_world_size
+        base = info.base_rank(result.group_rank) if info.total_workers else (
+            result.group_rank * self.cfg.nproc)
+        assignment = RankAssignment(
+            group_rank=result.group_rank, group_world_size=result.group_world_size,
+            world_size=world, base_rank=base, master_addr=result.master_addr,
+            master_port=result.master_port, restart_count=restarts, attempt=self._attempt)
+        self._round = _Round(result, self._attempt, restarts, info.completed_ms)
+        if result.group_rank == 0:
+            self.events.emit(EventType.RENDEZVOUS_COMPLETE, round=result.round,
+                             world_size=world, group_world_size=result.group_world_size,
+                             nodes=[{"node": n["node"], "host": n["host"],
+                                     "group_rank": n["group_rank"], "nproc": n.get("nproc", 0)}
+                                    for n in info.nodes])
+        self.say(f"round {result.round} complete: group rank {result.group_rank} of "
+                 f"{result.group_world_size}, global ranks {base}..{base + self.cfg.nproc - 1} "
+                 f"of {world}; restarts used {restarts}/{self.cfg.max_restarts}")
+        workers = await self.group.start(assignment)
+        self.sampler.track({w.global_rank: w.pid for w in workers})
+        self.events.emit(EventType.WORKERS_STARTED, round=result.round, attempt=self._attempt,
+                         restart_count=restarts, ranks=[w.global_rank for w in workers],
+                         local_ranks=[w.local_rank for w in workers],
+                         pids=[w.pid for w in workers], host=self.host)
+
+    def _on_worker_exit(self, e: WorkerExit) -> None:
+        data = e.event_data()
+        data["attempt"] = self._attempt
+        data["round"] = self._round.result.round if self._round else None
+        data["host"] = self.host
+        if data.get("error_file"):
+            data["error_file"] = _truncate_json(data["error_file"], 64 * 1024)
+        self.events.emit(EventType.WORKER_EXITED, **data)
+
+    # -- monitor --------------------------------------------------------------------------
+    async def _monitor(self) -> tuple[Outcome, Any]:
+        assert self._signal is not None
+        group = asyncio.ensure_future(self.group.wait())
+        watch = asyncio.ensure_future(self._watch_membership())
+        try:
+            while True:
+                action = asyncio.ensure_future(self._actions.get())
+                done, _ = await asyncio.wait({group, watch, action, self._signal},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if action in done:
+                    cmd = action.result()
+                    if cmd.type == CommandType.STOP:
+                        return Outcome.STOP, cmd
+                    if cmd.type == CommandType.RESTART and self._restart_still_due(cmd):
+                        return Outcome.RESTART, cmd
+                    continue
+                action.cancel()
+                if self._signal.done():
+                    return Outcome.SIGNAL, self._signal.result()
+                if group in done:
+                    res: GroupResult = group.result()
+                    if res.state == WorkerState.SUCCEEDED:
+                        return Outcome.SUCCEEDED, res
+                    return Outcome.FAILED, res
+                return watch.result()
+        finally:
+            for t in (group, watch):
+                t.cancel()
+
+    def _restart_still_due(self, cmd: Command) -> bool:
+        # A restart issued before the current round formed has been done already (another
+        # node acted on it first and this node re-formed with it).
+        assert self._round is not None
+        return protocol.stream_id_ms(cmd.entry_id) >= self._round.started_ms
+
+    async def _watch_membership(self) -> tuple[Outcome, Any]:
+        """Returns when the job wants a new round or has ended; never because of an outage."""
+        assert self._round is not None
+        my_round = self._round.result.round
+        streams = {self.keys.rdzv_notify: "$", self.keys.rdzv_joins: "$"}
+        for key in streams:
+            with contextlib.suppress(redis.RedisError, OSError):
+                last = await self._client.xrevrange(key, count=1)
+                streams[key] = last[0][0].decode() if last else "0-0"
+        grace_until = 0.0
+        interval = self.cfg.rendezvous.keep_alive_interval
+        while True:
+            try:
+                m, newly_lost = await asyncio.to_thread(self.rdzv.lost_since_last_check)
+                in_grace = time.monotonic() < grace_until
+                for node in newly_lost:
+                    self.events.emit(EventType.NODE_LOST, lost_node=node,
+                                     host=node.rsplit("-", 2)[0])
+                if m.closed:
+                    return Outcome.CLOSED, None
+                if m.round > my_round:
+                    return Outcome.REFORM, "another node opened a new round"
+                if self.rdzv.waiting_count(m, include_lost=not in_grace) > 0:
+                    why = []
+                    if m.lost and not in_grace:
+                        why.append("lost: " + ", ".join(m.lost))
+                    if m.left:
+                        why.append("left: " + ", ".join(m.left))
+                    if m.waiting:
+                        why.append("waiting: " + ", ".join(m.waiting))
+                    return Outcome.REFORM, "membership changed (" + "; ".join(why) + ")"
+                reply = await self._reader.xread(streams, block=int(interval * 1000))
+                for key, entries in reply or []:
+                    streams[key.decode()] = entries[-1][0].decode()
+            except Exception as exc:  # noqa: BLE001 - an outage must not end the round
+                log.debug("membership watch: %s", exc)
+                # Right after an outage every heartbeat looks stale: give nodes one heartbeat
+                # timeout to check in before anyone is declared lost.
+                grace_until = time.monotonic() + self.cfg.rendezvous.heartbeat_timeout
+                await asyncio.sleep(min(1.0, interval))  # backoff while Redis is away
+
+    # -- after the round ------------------------------------------------------------------
+    async def _after(self, outcome: Outcome, detail: Any) -> int | None:
+        assert self._round is not None
+        if outcome == Outcome.SUCCEEDED:
+            return await self._succeed()
+        if outcome == Outcome.SIGNAL:
+            return await self._leave_on_signal(int(detail))
+        await self._stop_workers(outcome.value)
+        if outcome == Outcome.FAILED:
+            return await self._on_failure(detail)
+        if outcome == Outcome.REFORM:
+            self.say(f"re-forming the worker group: {detail}")
+            await self._note_remote_restart()
+            return None
+        if outcome == Outcome.RESTART:
+            cmd: Command = detail
+            self.say(f"restart requested by {cmd.issuer}")
+            self.events.emit(EventType.RESTARTING, reason="command", command_id=cmd.id,
+                             restarts_used=self._restarts_used,
+                             max_restarts=self.cfg.max_restarts)
+            return None
+        if outcome == Outcome.STOP:
+            await self._close_job("stopped", command=detail)
+            return EXIT_STOPPED
+        return await self._ended_elsewhere()
+
+    async def _stop_workers(self, reason: str) -> None:
+        ranks = [w.global_rank for w in self.group.workers]
+        await self.group.stop()
+        self.events.emit(EventType.WORKERS_STOPPED, ranks=ranks, reason=reason,
+                         attempt=self._attempt)
+
+    async def _on_failure(self, res: GroupResult) -> int | None:
+        assert self._round is not None
+        rnd = self._round.result.round
+        claimed, used = await self._client.eval(
+            _CLAIM_RESTART, 2, self.keys.restarts, self.keys.meta, rnd)
+        used = int(used)
+        self._restarts_used = used
+        cause = await self._root_cause(res)
+        self.root_cause = cause
+        if claimed:
+            self.events.emit(EventType.GROUP_FAILED, root_cause=cause, round=rnd,
+                             failures=[_failure_dict(e, self.node_id, self.host)
+                                       for e in res.failures])
+        if used > self.cfg.max_restarts:
+            await self._close_job("failed", cause=cause)
+            self.print_summary(cause, failed=True)
+            return 1
+        if claimed:
+            self.events.emit(EventType.RESTARTING, reason="failure", restarts_used=used,
+                             max_restarts=self.cfg.max_restarts)
+        self.say(f"worker group failed ({cause.get('message', '?') if cause else '?'}); "
+                 f"restarting ({used}/{self.cfg.max_restarts} restarts used)")
+        return None
+
+    async def _note_remote_restart(self) -> None:
+        # Another node's failure: it claimed and announced the restart. Nothing to count.
+        return None
+
+    async def _root_cause(self, res: GroupResult) -> dict[str, Any]:
+        """The earliest failure across all nodes of this round, by Redis server time."""
+        assert self._round is not None
+        local = res.root_cause
+        fallback = _failure_dict(local, self.node_id, self.host) if local else {}
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.publisher.flush(), timeout=3.0)
+        try:
+            entries = await self._client.xrange(
+                self.keys.events, min=f"{self._round.started_ms}-0", max="+")
+        except (redis.RedisError, OSError):
+            return fallback
+        for entry_id, fields in entries:
+            ev = protocol.decode_event(entry_id, fields)
+            if ev is None or ev.type != EventType.WORKER_EXITED:
+                continue
+            d = ev.data
+            if d.get("exit_code") in (0, None) or d.get("stopping"):
+                continue
+            if d.get("round") != self._round.result.round:
+                continue
+            cause = {k: d.get(k) for k in ("rank", "local_rank", "pid", "exit_code", "signal",
+                                           "message", "host", "timestamp")}
+            cause["node"] = ev.node
+            cause["server_ms"] = ev.server_ms
+            cause["traceback"] = _traceback(d.get("error_file"))
+            cause["error_file_path"] = d.get("error_file_path", "")
+            return cause
+        return fallback
+
+    async def _succeed(self) -> int:
+        assert self._round is not None
+        r = self._round.result
+        self.say(f"workers finished; waiting at the exit barrier for {r.group_world_size} nodes")
+        store = RedisStore(self.cfg.endpoint, self.cfg.job_id, f"r{r.round}")
+        try:
+            await self._race(asyncio.to_thread(
+                barrier, store, r.group_world_size, "exit", self.cfg.exit_barrier_timeout,
+                r.group_rank))
+        except StoreTimeoutError as exc:
+            self.say(f"exit barrier: {exc}; exiting anyway")
+        finally:
+            store.close()
+        await self.group.stop()
+        if await self._claim_final("succeeded"):
+            self.events.emit(EventType.JOB_SUCCEEDED, restarts_used=self._restarts_used)
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.rdzv.set_closed)
+        self.say(f"job {self.cfg.job_id} succeeded")
+        return 0
+
+    async def _leave_on_signal(self, sig: int) -> int:
+        await self._stop_workers("signal")
+        self.events.emit(EventType.NODE_LEFT, host=self.host,
+                         reason=f"signal {signal.Signals(sig).name}")
+        await asyncio.to_thread(self.rdzv.shutdown)
+        return 128 + sig
+
+    async def _finish_without_workers(self, outcome: Outcome) -> int:
+        if outcome == Outcome.SIGNAL:
+            assert self._signal is not None
+            sig = self._signal.result()
+            self.events.emit(EventType.NODE_LEFT, host=self.host,
+                             reason=f"signal {signal.Signals(sig).name}")
+            return 128 + sig
+        return await self._ended_elsewhere()
+
+    async def _ended_elsewhere(self) -> int:
+        final = await self._client.hget(self.keys.meta, "final_state")
+        state = final.decode() if final else "closed"
+        self.say(f"job {self.cfg.job_id} {state} elsewhere; exiting")
+        if state == "failed":
+            self.print_summary(self.root_cause or await self._last_root_cause(), failed=True)
+            return 1
+        if state == "stopped":
+            return EXIT_STOPPED
+        return 0 if state == "succeeded" else 1
+
+    async def _last_root_cause(self) -> dict[str, Any] | None:
+        with contextlib.suppress(redis.RedisError, OSError):
+            for entry_id, fields in await self._client.xrevrange(self.keys.events, count=500):
+                ev = protocol.decode_event(entry_id, fields)
+                if ev is not None and ev.type in (EventType.JOB_FAILED, EventType.GROUP_FAILED):
+                    return ev.data.get("root_cause")
+        return None
+
+    async def _claim_final(self, state: str) -> bool:
+        return bool(await self._client.hsetnx(self.keys.meta, "final_state", state))
+
+    async def _close_job(self, state: str, *, command: Command | None = None,
+                         cause: dict[str, Any] | None = None) -> None:
+        if await self._claim_final(state):
+            if state == "stopped" and command is not None:
+                self.events.emit(EventType.JOB_STOPPED, command_id=command.id,
+                                 issuer=command.issuer)
+                self.say(f"job {self.cfg.job_id} stopped by {command.issuer}")
+            elif state == "failed":
+                self.events.emit(EventType.JOB_FAILED, root_cause=cause,
+                                 restarts_used=self._restarts_used,
+                                 max_restarts=self.cfg.max_restarts)
+        await asyncio.to_thread(self.rdzv.set_closed)
+
+    # -- commands -------------------------------------------------------------------------
+    async def _read_commands(self) -> None:
+        reader = CommandReader(self._reader, self.cfg.job_id)
+        async for cmd in reader:
+            if isinstance(cmd, Rejected):
+                self._ack(cmd.id, "rejected", cmd.reason)
+                continue
+            try:
+                await self._handle_command(cmd)
+            except Exception as exc:  # noqa: BLE001 - a bad command must not kill the agent
+                self._ack(cmd.id, "rejected", f"{type(exc).__name__}: {exc}")
+
+    async def _handle_command(self, cmd: Command) -> None:
+        if cmd.type == CommandType.SIGNAL:
+            rank, sig = cmd.args.get("rank"), cmd.args.get("signal", "SIGTERM")
+            if not isinstance(rank, int) or sig not in ("SIGTERM", "SIGKILL"):
+                self._ack(cmd.id, "rejected",
+                          "signal needs args {rank: int, signal: SIGTERM|SIGKILL}")
+                return
+            mine = {w.global_rank for w in self.group.workers}
+            if rank not in mine:
+                self._ack(cmd.id, "accepted", f"rank {rank} is not on this node")
+                return
+            sent = await self.group.signal_rank(rank, sig)
+            self._ack(cmd.id, "accepted" if sent else "rejected",
+                      f"{sig} sent to rank {rank}" if sent else f"rank {rank} is not running")
+            return
+        self._ack(cmd.id, "accepted", f"{cmd.type} from {cmd.issuer}")
+        await self._actions.put(cmd)
+
+    def _ack(self, command_id: str, status: str, reason: str) -> None:
+        self.events.emit(EventType.COMMAND_ACK, command_id=command_id, status=status,
+                         reason=reason, host=self.host)
+
+    async def _write_meta(self) -> None:
+        await self._client.hset(self.keys.meta, mapping={
+            "max_restarts": self.cfg.max_restarts, "nproc_per_node": self.cfg.nproc,
+            "entrypoint": json.dumps(self.cfg.entrypoint)})
+
+    # -- summary --------------------------------------------------------------------------
+    def print_summary(self, cause: dict[str, Any] | None, failed: bool) -> None:
+        name = self.cfg.entrypoint[-1] if self.cfg.entrypoint else "job"
+        script = next((a for a in self.cfg.entrypoint if a.endswith(".py")), name)
+        bar = "=" * 64
+        lines = [bar, f"{script} FAILED" if failed else f"{script} succeeded", "-" * 64,
+                 "Root Cause (first observed failure across all nodes):"]
+        if cause:
+            when = cause.get("server_ms") or int((cause.get("timestamp") or 0) * 1000)
+            lines += [
+                f"  time      : {time.strftime('%Y-%m-%d_%H:%M:%S', time.localtime(when / 1000))}",
+                f"  host      : {cause.get('host')}",
+                f"  rank      : {cause.get('rank')} (local_rank: {cause.get('local_rank')})",
+                f"  exitcode  : {cause.get('exit_code')} (pid: {cause.get('pid')})",
+                f"  message   : {cause.get('message')}",
+            ]
+            if cause.get("error_file_path"):
+                lines.append(f"  error_file: {cause['error_file_path']}")
+            if cause.get("traceback"):
+                lines.append("  traceback :")
+                lines += ["    " + t for t in str(cause["traceback"]).splitlines()]
+        else:
+            lines.append("  <unknown>")
+        lines += [f"  restarts  : {self._restarts_used}/{self.cfg.max_restarts} used", bar]
+        print("\n".join(lines), file=self.term, flush=True)
+
+
+def _failure_dict(e: WorkerExit, node: str, host: str) -> dict[str, Any]:
+    return {"rank": e.global_rank, "local_rank": e.local_rank, "pid": e.pid,
+            "exit_code": e.exit_code, "signal": e.signal, "message": e.message, "node": node,
+            "host": host, "timestamp": e.timestamp, "traceback": _traceback(e.error_file),
+            "error_file_path": e.error_file_path}
+
+
+def _traceback(error_file: Any) -> str | None:
+    if not isinstance(error_file, dict):
+        return None
+    msg = error_file.get("message")
+    if isinstance(msg, dict):
+        extra = msg.get("extraInfo") or {}
+        return extra.get("py_callstack") if isinstance(extra, dict) else None
+    return None
+
+
+def _truncate_json(data: Any, limit: int) -> Any:
+    text = json.dumps(data, default=str)
+    if len(text) <= limit:
+        return data
+    return {"truncated": True, "head": text[:limit]}
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()

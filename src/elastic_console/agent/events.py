@@ -1,0 +1,129 @@
+"""Typed events onto the job's event stream, and per-worker resource samples.
+
+Events go through the agent's :class:`StreamPublisher`, so an outage delays them but never
+loses or reorders them (they are not droppable). Resource samples are the latest value per
+rank in a hash: losing one during an outage costs nothing, so they are written directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import psutil
+import redis.asyncio as aioredis
+
+from . import protocol
+from .protocol import EventType, JobKeys
+from .publisher import StreamPublisher
+
+log = logging.getLogger(__name__)
+
+
+class EventSink:
+    """Writes this node's events. ``emit`` never blocks and never raises for Redis."""
+
+    def __init__(self, publisher: StreamPublisher, job_id: str, node_id: str) -> None:
+        self._publisher = publisher
+        self._key = JobKeys(job_id).events
+        self.node_id = node_id
+
+    def emit(self, event_type: str, **data: Any) -> None:
+        if event_type not in EventType.ALL:
+            raise ValueError(f"unknown event type {event_type!r}")
+        self._publisher.publish(self._key, protocol.encode_event(event_type, self.node_id, data),
+                                protocol.EVENTS_MAXLEN, droppable=False)
+
+
+class ResourceSampler:
+    """Samples each worker's CPU %, RSS and threads once a second (GPU memory when
+    ``nvidia-smi`` is there) into ``JobKeys.resources``: global rank -> latest JSON sample."""
+
+    def __init__(self, client: aioredis.Redis, job_id: str, node_id: str,
+                 interval: float = 1.0) -> None:
+        self._client = client
+        self._key = JobKeys(job_id).resources
+        self._node = node_id
+        self.interval = interval
+        self._procs: dict[int, psutil.Process] = {}
+        self._nvidia_smi = shutil.which("nvidia-smi")
+
+    def track(self, ranks_to_pids: Mapping[int, int]) -> None:
+        self._procs = {}
+        for rank, pid in ranks_to_pids.items():
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(pid)
+                p.cpu_percent(None)  # the first call only starts the measurement
+                self._procs[rank] = p
+
+    def sample(self) -> dict[int, dict[str, Any]]:
+        gpu = self._gpu_memory()
+        out: dict[int, dict[str, Any]] = {}
+        for rank, p in self._procs.items():
+            try:
+                with p.oneshot():
+                    # A worker's tree (data loader workers) is part of its cost.
+                    procs = [p, *p.children(recursive=True)]
+                    cpu = sum(_cpu(c) for c in procs)
+                    rss = sum(_rss(c) for c in procs)
+                    threads = p.num_threads()
+            except psutil.Error:
+                continue
+            sample: dict[str, Any] = {"rank": rank, "node": self._node, "pid": p.pid,
+                                      "cpu": round(cpu, 1), "rss": rss, "threads": threads,
+                                      "ts": time.time()}
+            if p.pid in gpu:
+                sample["gpu_mem"] = gpu[p.pid]
+            out[rank] = sample
+        return out
+
+    def _gpu_memory(self) -> dict[int, int]:
+        if not self._nvidia_smi:
+            return {}
+        try:
+            text = subprocess.run(
+                [self._nvidia_smi, "--query-compute-apps=pid,used_memory",
+                 "--format=csv,noheader,nounits"],
+                capture_output=True, text=True, timeout=2, check=False).stdout
+        except (OSError, subprocess.SubprocessError):
+            return {}
+        mem: dict[int, int] = {}
+        for line in text.splitlines():
+            pid, _, used = line.partition(",")
+            with contextlib.suppress(ValueError):
+                mem[int(pid)] = int(used) * 1024 * 1024
+        return mem
+
+    async def run(self, stop: Callable[[], bool] = lambda: False) -> None:
+        while not stop():
+            await asyncio.sleep(self.interval)  # sampling is periodic by nature
+            samples = await asyncio.to_thread(self.sample)
+            if not samples:
+                continue
+            try:
+                await self._client.hset(self._key, mapping={
+                    str(rank): json.dumps(s, separators=(",", ":")) for rank, s in samples.items()
+                })
+            except Exception as exc:  # noqa: BLE001 - a lost sample is harmless
+                log.debug("resource sample not written: %s", exc)
+
+
+def _cpu(p: psutil.Process) -> float:
+    try:
+        return p.cpu_percent(None)
+    except psutil.Error:
+        return 0.0
+
+
+def _rss(p: psutil.Process) -> int:
+    try:
+        return int(p.memory_info().rss)
+    except psutil.Error:
+        return 0
