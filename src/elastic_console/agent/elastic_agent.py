@@ -227,7 +227,9 @@ class ElasticAgent:
 
     # -- start ----------------------------------------------------------------------------
     async def _start(self, result: RendezvousResult) -> None:
-        self._attempt += 1
+        # The round number is job-wide, so attempt_N directories never collide between
+        # agents sharing a host and a log directory.
+        self._attempt = result.round
         restarts = int(await self._client.get(self.keys.restarts) or 0)
         self._restarts_used = restarts
         info = result.info
@@ -334,7 +336,7 @@ class ElasticAgent:
                 reply = await self._reader.xread(streams, block=int(interval * 1000))
                 for key, entries in reply or []:
                     streams[key.decode()] = entries[-1][0].decode()
-            except Exception as exc:  # noqa: BLE001 - an outage must not end the round
+            except Exception as exc:
                 log.debug("membership watch: %s", exc)
                 # Right after an outage every heartbeat looks stale: give nodes one heartbeat
                 # timeout to check in before anyone is declared lost.
@@ -512,7 +514,7 @@ class ElasticAgent:
                 continue
             try:
                 await self._handle_command(cmd)
-            except Exception as exc:  # noqa: BLE001 - a bad command must not kill the agent
+            except Exception as exc:
                 self._ack(cmd.id, "rejected", f"{type(exc).__name__}: {exc}")
 
     async def _handle_command(self, cmd: Command) -> None:

@@ -111,7 +111,7 @@ class ResourceSampler:
                 await self._client.hset(self._key, mapping={
                     str(rank): json.dumps(s, separators=(",", ":")) for rank, s in samples.items()
                 })
-            except Exception as exc:  # noqa: BLE001 - a lost sample is harmless
+            except Exception as exc:
                 log.debug("resource sample not written: %s", exc)
 
 

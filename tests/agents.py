@@ -1,0 +1,82 @@
+"""Launching real `elastic-agent` processes for tests, and waiting on what they do."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+AGENT = [sys.executable, "-m", "elastic_console.agent.cli"]
+
+
+def wait_until(cond: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.02)
+
+
+class Agent:
+    """One elastic-agent process; output goes to a file so a chatty job never blocks it."""
+
+    def __init__(self, args: list[str], tmp: Path, name: str, env: dict[str, str] | None = None):
+        self.out_path = tmp / f"{name}.out"
+        self._out = open(self.out_path, "wb")  # noqa: SIM115 - closed in wait()
+        full_env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1",
+                    **(env or {})}
+        self.proc = subprocess.Popen([*AGENT, *args], stdout=self._out,
+                                     stderr=subprocess.STDOUT, env=full_env,
+                                     start_new_session=True)
+        self.pid = self.proc.pid
+
+    @property
+    def output(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def wait(self, timeout: float = 120) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"agent did not exit within {timeout} s:\n{self.output[-4000:]}")
+        finally:
+            self._out.close()
+        return code
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill(self) -> None:
+        for p in [*self.descendants()]:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        try:
+            os.killpg(self.pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
