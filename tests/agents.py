@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -47,7 +48,8 @@ class Agent:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"agent did not exit within {timeout} s:\n{self.output[-4000:]}")
+            raise AssertionError(
+                f"agent did not exit within {timeout} s:\n{self.output[-4000:]}") from None
         finally:
             self._out.close()
         return code
@@ -59,15 +61,11 @@ class Agent:
             return []
 
     def kill(self) -> None:
-        for p in [*self.descendants()]:
-            try:
+        for p in self.descendants():
+            with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, 9)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def alive(pids: list[int]) -> list[int]:
