@@ -77,8 +77,8 @@ def test_two_agents_train_restart_once_and_end_identical(redis_url, r, job_id, t
     assert all(d.get("resumed_from") is not None for d in dumps), dumps
     assert len(of_type(r, job_id, EventType.JOB_SUCCEEDED)) == 1
     assert alive(worker_pids(r, job_id)) == []
-    # Per-rank files in torchrun's layout: LOG_DIR/JOB/attempt_N/LOCAL_RANK/{stdout,stderr}.log
-    assert list((tmp_path / "logs" / job_id).glob("attempt_*/0/stdout.log"))
+    # Per-rank files: LOG_DIR/JOB/attempt_N/RANK/{stdout,stderr}.log
+    assert list((tmp_path / "logs" / job_id).glob("attempt_*/3/stdout.log"))
 
 
 def test_lost_node_the_others_reform_and_finish_without_orphans(redis_url, r, job_id, tmp_path):

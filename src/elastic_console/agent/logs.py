@@ -1,0 +1,543 @@
+"""Worker output: per-rank files, the agent's terminal (torchrun's redirects/tee) and Redis.
+
+Every chunk a worker writes to stdout or stderr goes three ways:
+
+1. raw, unchanged, to ``<attempt dir>/<local_rank>/stdout.log`` / ``stderr.log`` (torchrun's
+   per-rank layout); the file always holds the whole output, however long its lines;
+2. to the agent's terminal, by torchrun's rules: ``redirects`` send a stream to the file only,
+   ``tee`` to the file and the terminal with a ``[role0]:``-style prefix on every line, a
+   stream neither redirected nor teed goes to the terminal unprefixed, and
+   ``local_ranks_filter`` limits which local ranks reach the terminal at all;
+3. as lines to the node's log stream in Redis, several lines per entry
+   (:class:`~elastic_console.agent.protocol.LogBatch`), through a
+   :class:`~elastic_console.agent.publisher.StreamPublisher`.
+
+Throughput is the point (a worker may print millions of lines): the work is per chunk, not per
+line, with C-level bytes operations (``rfind``, ``replace``, ``split``, ``decode``), and the
+terminal gets one big write per chunk. A line is only looked at on its own when it is longer
+than ``max_line_bytes``.
+
+Output is untrusted: it is kept byte for byte in the file, decoded with replacement characters
+for Redis (escape sequences stay as data; the console escapes them when it renders).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import IntFlag
+from pathlib import Path
+from string import Template
+from typing import IO, Protocol
+
+from elastic_console.agent import protocol
+from elastic_console.agent.protocol import JobKeys, LogBatch
+from elastic_console.agent.publisher import DropMarkerFactory, Record, StreamPublisher
+
+#: Longest line shipped to Redis; the rest of a longer line is replaced by a marker.
+DEFAULT_MAX_LINE_BYTES = 16 * 1024
+#: A log entry stops growing past this many bytes (keeps entries and replays reasonable).
+DEFAULT_MAX_ENTRY_BYTES = 256 * 1024
+#: An unterminated line waits this long for its newline before the terminal shows it anyway
+#: (a progress bar redrawn with ``\r`` must stay visible, as it is with torchrun's ``--tee``).
+TERMINAL_PARTIAL_DELAY = 0.1
+#: ... or until it is this long.
+TERMINAL_PARTIAL_MAX = 64 * 1024
+
+
+class Std(IntFlag):
+    """Which of a worker's streams a setting applies to (torchrun's ``Std``)."""
+
+    NONE = 0
+    OUT = 1
+    ERR = 2
+    ALL = OUT | ERR
+
+
+StdSpec = Std | Mapping[int, Std]
+
+_VALUE_RE = re.compile(r"^[0-3]$")
+_MAPPING_RE = re.compile(r"^\d+:[0-3](,\d+:[0-3])*$")
+
+
+def parse_std_spec(spec: str) -> Std | dict[int, Std]:
+    """Parse torchrun's ``-r``/``-t`` value: ``"3"`` -> ``Std.ALL``, ``"0:3,1:1"`` -> a map.
+
+    Values: 0 none, 1 stdout, 2 stderr, 3 both; a map gives a value per local rank (ranks
+    not named get 0). Raises ValueError naming the accepted forms on anything else.
+    """
+    s = str(spec).strip().replace(" ", "")
+    if _VALUE_RE.match(s):
+        return Std(int(s))
+    if _MAPPING_RE.match(s):
+        out: dict[int, Std] = {}
+        for item in s.split(","):
+            rank, value = item.split(":")
+            if int(rank) in out:
+                raise ValueError(f"invalid stream spec {spec!r}: local rank {rank} is given twice")
+            out[int(rank)] = Std(int(value))
+        return out
+    raise ValueError(
+        f"invalid stream spec {spec!r}: expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both), "
+        "or a per-local-rank map such as 0:3,1:1"
+    )
+
+
+def std_for(spec: StdSpec, local_rank: int) -> Std:
+    """The setting of one local rank (a map gives ``NONE`` to ranks it does not name)."""
+    if isinstance(spec, Mapping):
+        return Std(spec.get(local_rank, Std.NONE))
+    return Std(spec)
+
+
+def parse_local_ranks_filter(value: str | None) -> frozenset[int] | None:
+    """``"0,2"`` -> ``{0, 2}``; empty or None -> None (all ranks). Raises ValueError."""
+    if value is None or not str(value).strip():
+        return None
+    try:
+        return frozenset(int(v) for v in str(value).split(","))
+    except ValueError:
+        raise ValueError(
+            f"invalid local ranks filter {value!r}: expected a comma-separated list of "
+            "integers, e.g. 0,1,2"
+        ) from None
+
+
+def line_prefix(template: str | None, role: str, rank: int, local_rank: int) -> str:
+    """The prefix of teed lines, as torchrun builds it.
+
+    With a template (torchrun's ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``) ``${role_name}``,
+    ``${rank}`` (global) and ``${local_rank}`` are substituted; without, torchrun's TailLog
+    default ``[{role}{local_rank}]:`` (the local rank, not the global one).
+    """
+    if template:
+        return Template(template).safe_substitute(role_name=role, rank=rank,
+                                                  local_rank=local_rank)
+    return f"[{role}{local_rank}]:"
+
+
+def make_logs_drop_marker(job_id: str, node_id: str) -> DropMarkerFactory:
+    """The publisher's drop marker for log lines: a ``logs_dropped`` event with the count."""
+    events_key = JobKeys(job_id).events
+
+    def marker(count: int) -> tuple[str, dict[str, str]]:
+        return events_key, protocol.encode_event(protocol.EventType.LOGS_DROPPED, node_id,
+                                                 {"count": count})
+
+    return marker
+
+
+class BinaryWriter(Protocol):
+    """Where terminal output goes (``sys.stdout.buffer`` or a test's ``BytesIO``)."""
+
+    def write(self, data: bytes, /) -> object: ...
+
+    def flush(self) -> object: ...
+
+
+class _TextWriter:
+    """Bytes onto a text stream that has no binary buffer (e.g. one replaced by a test)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+
+    def write(self, data: bytes) -> int:
+        self._stream.write(data.decode("utf-8", "replace"))
+        return len(data)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+def terminal_writer(stream: IO[str]) -> BinaryWriter:
+    """A binary writer for a text stream such as ``sys.stdout``."""
+    buffer = getattr(stream, "buffer", None)
+    if buffer is not None:
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            stream.flush()  # what was printed as text must come before our bytes
+        return buffer  # type: ignore[no-any-return]
+    return _TextWriter(stream)
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """How a node's worker output is shown and shipped (torchrun's -r, -t, filter, prefix)."""
+
+    redirects: StdSpec = Std.NONE
+    tee: StdSpec = Std.NONE
+    local_ranks_filter: frozenset[int] | None = None
+    log_line_prefix_template: str | None = None
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    maxlen: int = protocol.LOGS_MAXLEN
+    max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES
+
+    def __post_init__(self) -> None:
+        if self.max_line_bytes < 16:
+            raise ValueError("max_line_bytes must be at least 16")
+
+
+class NodeLogs:
+    """The log pipeline of one node: shared settings, terminal, publisher and stream name.
+
+    ``publisher`` None ships nothing to Redis (files and terminal only). ``stdout``/``stderr``
+    default to the agent's own ``sys.stdout``/``sys.stderr``.
+    """
+
+    def __init__(
+        self,
+        config: LogConfig | None = None,
+        *,
+        publisher: StreamPublisher | None = None,
+        job_id: str | None = None,
+        node_id: str | None = None,
+        stdout: BinaryWriter | None = None,
+        stderr: BinaryWriter | None = None,
+    ) -> None:
+        self.config = config or LogConfig()
+        if publisher is not None and (job_id is None or node_id is None):
+            raise ValueError("shipping logs to Redis needs job_id and node_id")
+        self.publisher = publisher
+        self.node_id = node_id or ""
+        self._stream_key = JobKeys(job_id).logs(self.node_id) if job_id else ""
+        self._streams_key = JobKeys(job_id).log_streams if job_id else ""
+        self._registered = False
+        self._stdout = stdout
+        self._stderr = stderr
+
+    @property
+    def stream_key(self) -> str:
+        """The node's log stream (``JobKeys(job).logs(node_id)``), or "" without Redis."""
+        return self._stream_key
+
+    def _writer(self, which: str) -> BinaryWriter:
+        if which == protocol.STDOUT:
+            if self._stdout is None:
+                self._stdout = terminal_writer(sys.stdout)
+            return self._stdout
+        if self._stderr is None:
+            self._stderr = terminal_writer(sys.stderr)
+        return self._stderr
+
+    def open_worker(self, *, directory: Path, role: str, rank: int, local_rank: int,
+                    attempt: int) -> WorkerLogs:
+        """Open the files of one worker in ``directory`` (created) and return its sink."""
+        if self.publisher is not None and not self._registered:
+            # Consoles find the node's stream through this set; SADD is idempotent, so a
+            # replay after an outage is harmless.
+            self.publisher.publish_command("SADD", self._streams_key, self._stream_key)
+            self._registered = True
+        return WorkerLogs(self, directory=directory, role=role, rank=rank,
+                          local_rank=local_rank, attempt=attempt)
+
+
+class WorkerLogs:
+    """The output sink of one worker: ``feed`` chunks as they come, ``eof`` at the end.
+
+    Fed synchronously from the event loop (the worker's pipe callbacks). ``drained`` is set
+    once both streams reached EOF (or ``close`` was called); by then every complete and
+    partial line has been written to the file and terminal and handed to the publisher.
+    """
+
+    def __init__(self, node: NodeLogs, *, directory: Path, role: str, rank: int,
+                 local_rank: int, attempt: int) -> None:
+        cfg = node.config
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        self.rank = rank
+        self.local_rank = local_rank
+        self.attempt = attempt
+        visible = cfg.local_ranks_filter is None or local_rank in cfg.local_ranks_filter
+        prefix = line_prefix(cfg.log_line_prefix_template, role, rank, local_rank).encode()
+        self._streams: dict[str, _StreamLog] = {}
+        for name, bit, fname in ((protocol.STDOUT, Std.OUT, "stdout.log"),
+                                 (protocol.STDERR, Std.ERR, "stderr.log")):
+            teed = bool(std_for(cfg.tee, local_rank) & bit)
+            redirected = bool(std_for(cfg.redirects, local_rank) & bit)
+            writer = node._writer(name) if visible and (teed or not redirected) else None
+            shipper = None
+            if node.publisher is not None:
+                shipper = _Shipper(node.publisher, node.stream_key, cfg, node.node_id, rank,
+                                   local_rank, attempt, name)
+            self._streams[name] = _StreamLog(directory / fname, writer,
+                                             prefix if teed else b"", shipper,
+                                             cfg.max_line_bytes)
+        self.drained = asyncio.Event()
+
+    @property
+    def stdout_path(self) -> Path:
+        return self._streams[protocol.STDOUT].path
+
+    @property
+    def stderr_path(self) -> Path:
+        return self._streams[protocol.STDERR].path
+
+    def feed(self, stream: str, data: bytes) -> None:
+        """Process one chunk of ``stream`` (``protocol.STDOUT`` or ``protocol.STDERR``)."""
+        self._streams[stream].feed(data)
+
+    def eof(self, stream: str) -> None:
+        """``stream`` ended: flush its partial last line and close its file."""
+        self._streams[stream].close()
+        if all(s.closed for s in self._streams.values()):
+            self.drained.set()
+
+    def close(self) -> None:
+        """End both streams now (e.g. a pipe a stray process keeps open). Idempotent."""
+        for name in self._streams:
+            self.eof(name)
+
+
+class _StreamLog:
+    """One stream of one worker: raw file, terminal (optionally prefixed), Redis shipper."""
+
+    def __init__(self, path: Path, writer: BinaryWriter | None, prefix: bytes,
+                 shipper: _Shipper | None, max_line_bytes: int) -> None:
+        self.path = path
+        # Unbuffered: each chunk is one write(2), so `tail -f` sees output as it comes.
+        self._file: IO[bytes] | None = open(path, "wb", buffering=0)  # noqa: SIM115
+        self._writer = writer
+        self._prefix = prefix
+        self._nl_prefix = b"\n" + prefix
+        self._shipper = shipper
+        self._pending: list[bytes] = []  # an unterminated line not yet on the terminal
+        self._pending_len = 0
+        self._midline = False  # the terminal shows the start of a line we are in
+        self._timer: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    def feed(self, data: bytes) -> None:
+        if self.closed or not data:
+            return
+        if self._file is not None:
+            self._file.write(data)
+        if self._writer is not None:
+            self._to_terminal(data)
+        if self._shipper is not None:
+            self._shipper.feed(data)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._writer is not None and (self._pending or self._midline):
+            self._write((b"" if self._midline else self._prefix)
+                        + b"".join(self._pending) + b"\n")
+            self._pending.clear()
+            self._midline = False
+        if self._shipper is not None:
+            self._shipper.eof()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    # -- terminal -------------------------------------------------------------------------
+
+    def _to_terminal(self, data: bytes) -> None:
+        nl = data.rfind(b"\n")
+        if nl < 0:
+            self._pending.append(data)
+            self._pending_len += len(data)
+            if self._pending_len >= TERMINAL_PARTIAL_MAX:
+                self._flush_partial()
+            elif self._timer is None:
+                self._arm_timer()
+            return
+        head = data if nl == len(data) - 1 else data[: nl + 1]
+        if self._prefix:
+            # One C-level pass inserts the prefix after every newline; the one after the
+            # last newline belongs to a line that has not started yet.
+            head = head.replace(b"\n", self._nl_prefix)[: -len(self._prefix)]
+        parts = [] if self._midline else [self._prefix]
+        if self._pending:
+            parts.extend(self._pending)
+            self._pending.clear()
+            self._pending_len = 0
+        parts.append(head)
+        self._midline = False
+        self._write(b"".join(parts))
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if nl != len(data) - 1:
+            tail = data[nl + 1:]
+            self._pending.append(tail)
+            self._pending_len = len(tail)
+            self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # fed outside a loop (a unit test): shown at the next newline
+            return
+        self._timer = loop.call_later(TERMINAL_PARTIAL_DELAY, self._flush_partial)
+
+    def _flush_partial(self) -> None:
+        """Show an unterminated line now; its continuation will follow without a prefix."""
+        self._timer = None
+        if not self._pending or self.closed:
+            return
+        self._write((b"" if self._midline else self._prefix) + b"".join(self._pending))
+        self._pending.clear()
+        self._pending_len = 0
+        self._midline = True
+
+    def _write(self, data: bytes) -> None:
+        assert self._writer is not None
+        try:
+            self._writer.write(data)
+            self._writer.flush()
+        except (OSError, ValueError):
+            # The agent's terminal went away (closed pipe, detached tty): the output is
+            # still in the files and in Redis, so stop showing it rather than fail.
+            self._writer = None
+
+
+class _Batch:
+    """Lines of one worker stream waiting in the publisher (a ``DeferredPayload``).
+
+    ``segments`` are blocks of lines already joined by newlines: joining them with newlines
+    again gives exactly ``encode_log_batch``'s ``lines`` field, without a per-line split.
+    """
+
+    __slots__ = ("lines", "nbytes", "segments", "shipper")
+
+    def __init__(self, shipper: _Shipper) -> None:
+        self.shipper = shipper
+        self.segments: list[str] = []
+        self.lines = 0
+        self.nbytes = 0
+
+    @property
+    def weight(self) -> int:
+        return self.lines
+
+    def build(self) -> dict[str, str]:
+        s = self.shipper
+        s.seq += 1
+        return protocol.encode_log_batch(LogBatch(
+            node=s.node, rank=s.rank, local_rank=s.local_rank, attempt=s.attempt,
+            stream=s.stream, seq=s.seq, lines=self.segments))
+
+
+class _Shipper:
+    """Cuts one worker stream into lines and hands them to the publisher in batches."""
+
+    def __init__(self, publisher: StreamPublisher, key: str, cfg: LogConfig, node: str,
+                 rank: int, local_rank: int, attempt: int, stream: str) -> None:
+        self.publisher = publisher
+        self.key = key
+        self.maxlen = cfg.maxlen
+        self.max_entry_bytes = cfg.max_entry_bytes
+        self.cap = cfg.max_line_bytes
+        self.node = node
+        self.rank = rank
+        self.local_rank = local_rank
+        self.attempt = attempt
+        self.stream = stream
+        self.seq = 0
+        self._partial = bytearray()  # the head of an unterminated line (cap + 4 bytes max)
+        self._partial_extra = 0  # bytes of that line beyond what _partial keeps
+        self._batch: _Batch | None = None
+        self._handle: Record | None = None
+
+    def feed(self, data: bytes) -> None:
+        nl = data.rfind(b"\n")
+        if nl < 0:
+            self._add_partial(data)
+            return
+        texts: list[str] = []
+        nlines = 0
+        if self._partial or self._partial_extra:
+            first = data.find(b"\n")
+            self._add_partial(data[:first])
+            texts.append(self._take_partial())
+            nlines += 1
+            body = data[first + 1: nl] if first < nl else None
+        else:
+            body = data[:nl]
+        if body is not None:
+            texts.append(self._decode_block(body))
+            nlines += body.count(b"\n") + 1
+        if nl != len(data) - 1:
+            self._add_partial(data[nl + 1:])
+        self._ship(texts, nlines, nl + 1)
+
+    def eof(self) -> None:
+        if self._partial or self._partial_extra:
+            nbytes = len(self._partial) + self._partial_extra
+            self._ship([self._take_partial()], 1, nbytes)
+
+    def _ship(self, texts: list[str], nlines: int, nbytes: int) -> None:
+        batch, handle = self._batch, self._handle
+        if (batch is None or handle is None or not handle.open
+                or batch.nbytes >= self.max_entry_bytes):
+            batch = _Batch(self)
+            handle = self.publisher.publish_deferred(self.key, batch, self.maxlen)
+            self._batch, self._handle = batch, handle
+        batch.segments.extend(texts)
+        batch.lines += nlines
+        batch.nbytes += nbytes
+        self.publisher.grow(handle, nbytes)
+
+    # -- lines ----------------------------------------------------------------------------
+
+    def _decode_block(self, block: bytes) -> str:
+        """Complete lines joined by newlines -> text, long lines capped, CRs of CRLF gone."""
+        if len(block) > self.cap:
+            lines = block.split(b"\n")
+            if max(map(len, lines)) > self.cap:
+                block = b"\n".join([self._cap(line) if len(line) > self.cap else line
+                                    for line in lines])
+        text = block.decode("utf-8", "replace")
+        if "\r" in text:
+            text = text.replace("\r\n", "\n")
+            if text.endswith("\r"):
+                text = text[:-1]
+        return text
+
+    def _cap(self, line: bytes) -> bytes:
+        """The head of a too-long line (cut on a UTF-8 boundary) and a visible marker."""
+        cut = _utf8_cut(line, self.cap)
+        return line[:cut] + _marker(len(line) - cut)
+
+    def _add_partial(self, data: bytes) -> None:
+        room = self.cap + 4 - len(self._partial)
+        if len(data) <= room:
+            self._partial += data
+        else:
+            # Only the head of a giant line is ever kept: memory stays bounded whatever
+            # a worker prints without a newline.
+            if room > 0:
+                self._partial += data[:room]
+            self._partial_extra += len(data) - max(room, 0)
+
+    def _take_partial(self) -> str:
+        raw = bytes(self._partial)
+        extra = self._partial_extra
+        self._partial.clear()
+        self._partial_extra = 0
+        if extra or len(raw) > self.cap:
+            cut = _utf8_cut(raw, self.cap)
+            return (raw[:cut] + _marker(len(raw) - cut + extra)).decode("utf-8", "replace")
+        text = raw.decode("utf-8", "replace")
+        return text[:-1] if text.endswith("\r") else text
+
+
+def _utf8_cut(data: bytes, limit: int) -> int:
+    """The largest cut <= ``limit`` that does not split a UTF-8 sequence (``len(data) > limit``)."""
+    i = limit
+    # A continuation byte (10xxxxxx) at the cut belongs to a character started before it.
+    while i > limit - 3 and i > 0 and (data[i] & 0xC0) == 0x80:
+        i -= 1
+    return i
+
+
+def _marker(dropped: int) -> bytes:
+    return f" …[truncated {dropped} bytes]".encode()

@@ -1,0 +1,698 @@
+"""The local worker group: spawn, environment, exits, error files, signals, whole-tree stops.
+
+A :class:`WorkerGroup` runs ``nproc`` copies of the entrypoint with torchrun's worker
+environment (:func:`worker_env`), each in its own process group and session, with stdout and
+stderr piped into the log pipeline (:mod:`elastic_console.agent.logs`).
+
+Everything is an event: a worker's exit is reported by the child watcher the moment it is
+reaped, pipe data by the loop's reader, a stray process's end by its pidfd. Nothing polls.
+
+Why not ``asyncio.create_subprocess_exec``: on Python 3.11 its ``Process.wait()`` resolves
+only once the process has exited *and* every pipe is closed, so a worker whose child (a
+daemon, a compile worker) still holds its stdout would never be seen exiting. The group
+calls ``loop.subprocess_exec`` (which ``create_subprocess_exec`` wraps) with its own protocol,
+whose ``process_exited`` fires on the exit itself and whose ``pipe_data_received`` hands each
+chunk (up to 256 KiB) straight to the log pipeline, without a StreamReader in between.
+
+No orphans: :meth:`WorkerGroup.stop` sends SIGTERM to every worker's process group and to
+every process of its tree that left the group (found by parentage while the worker lives, and
+by the worker's ``TORCHELASTIC_ERROR_FILE`` in the environment of orphans and daemons), waits
+up to ``shutdown_timeout``, SIGKILLs what is left, and returns once all are gone and the
+output pipes are drained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from elastic_console.agent import protocol
+from elastic_console.agent.logs import NodeLogs, WorkerLogs
+
+log = logging.getLogger(__name__)
+
+#: How long stop() waits for SIGKILLed processes before giving up on them (a process in
+#: uninterruptible sleep, e.g. wedged in a driver, cannot die sooner).
+KILL_WAIT = 10.0
+#: How long stop() waits for the output pipes to reach EOF once every process is gone.
+DRAIN_WAIT = 2.0
+
+
+class WorkerState(str, Enum):
+    """The state of a worker group (the subset of torch's ``WorkerState`` that applies)."""
+
+    INIT = "INIT"
+    HEALTHY = "HEALTHY"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+
+class WorkerStartError(RuntimeError):
+    """A worker could not be started (e.g. the entrypoint does not exist)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerSpec:
+    """What to run on this node, and how (torch's ``WorkerSpec`` for one role).
+
+    ``entrypoint`` is the full argv (e.g. ``[sys.executable, "-u", "train.py", *args]``).
+    ``log_dir`` already names the job (the agent chooses it); attempts go in
+    ``log_dir/attempt_<n>/<global_rank>/`` (global, so agents sharing a host and a log
+    directory never share a file). ``extra_env`` is added to every worker's
+    environment before torchrun's variables (which win).
+    """
+
+    role: str = "default"
+    nproc: int
+    entrypoint: Sequence[str]
+    max_restarts: int = 0
+    run_id: str
+    redis_url: str = ""
+    job_id: str
+    log_dir: Path
+    shutdown_timeout: float = 30.0
+    use_agent_store: bool = False
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.nproc < 1:
+            raise ValueError(f"nproc must be at least 1, not {self.nproc}")
+        if not self.entrypoint:
+            raise ValueError("the entrypoint is empty")
+        object.__setattr__(self, "entrypoint", tuple(str(a) for a in self.entrypoint))
+        object.__setattr__(self, "log_dir", Path(self.log_dir))
+        object.__setattr__(self, "extra_env", dict(self.extra_env))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankAssignment:
+    """This node's place in a rendezvous round, and the attempt it starts.
+
+    ``base_rank`` is the global rank of local rank 0. ``role_base_rank`` and
+    ``role_world_size`` default to the global ones (a job with a single role).
+    """
+
+    group_rank: int
+    group_world_size: int
+    world_size: int
+    base_rank: int
+    master_addr: str
+    master_port: int
+    restart_count: int = 0
+    attempt: int = 0
+    role_base_rank: int | None = None
+    role_world_size: int | None = None
+
+    def global_rank(self, local_rank: int) -> int:
+        return self.base_rank + local_rank
+
+    def role_rank(self, local_rank: int) -> int:
+        base = self.base_rank if self.role_base_rank is None else self.role_base_rank
+        return base + local_rank
+
+    @property
+    def role_size(self) -> int:
+        return self.world_size if self.role_world_size is None else self.role_world_size
+
+
+def error_file_path(spec: WorkerSpec, assignment: RankAssignment, local_rank: int) -> Path:
+    """``log_dir/attempt_<n>/<global_rank>/error.json``: torchrun's layout, keyed by the
+    global rank so two agents on one host never share a path (the stray scan relies on it)."""
+    return (spec.log_dir / f"attempt_{assignment.attempt}"
+            / str(assignment.global_rank(local_rank)) / "error.json")
+
+
+def worker_env(spec: WorkerSpec, assignment: RankAssignment, local_rank: int,
+               base_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The complete environment of one worker, as torchrun 2.13 builds it, plus ours.
+
+    ``base_env`` (default ``os.environ``) is inherited; ``OMP_NUM_THREADS=1`` is added when
+    ``nproc > 1`` and the user has not set it (torchrun's run.py); then
+    ``spec.extra_env``; then torchrun's variables (``LocalElasticAgent._start_workers`` and
+    ``DefaultLogsSpecs.reify``) and ``ELASTIC_REDIS_URL`` / ``ELASTIC_JOB_ID``.
+    """
+    env = dict(os.environ if base_env is None else base_env)
+    env.update(spec.extra_env)
+    if spec.nproc > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = "1"
+    env.update({
+        "RANK": str(assignment.global_rank(local_rank)),
+        "LOCAL_RANK": str(local_rank),
+        "GROUP_RANK": str(assignment.group_rank),
+        "ROLE_RANK": str(assignment.role_rank(local_rank)),
+        "ROLE_NAME": spec.role,
+        "LOCAL_WORLD_SIZE": str(spec.nproc),
+        "WORLD_SIZE": str(assignment.world_size),
+        "GROUP_WORLD_SIZE": str(assignment.group_world_size),
+        "ROLE_WORLD_SIZE": str(assignment.role_size),
+        "MASTER_ADDR": assignment.master_addr,
+        "MASTER_PORT": str(assignment.master_port),
+        "TORCHELASTIC_RESTART_COUNT": str(assignment.restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+        "TORCHELASTIC_RUN_ID": spec.run_id,
+        "TORCHELASTIC_USE_AGENT_STORE": str(spec.use_agent_store),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        "TORCHELASTIC_ERROR_FILE": str(error_file_path(spec, assignment, local_rank)),
+        "ELASTIC_REDIS_URL": spec.redis_url,
+        "ELASTIC_JOB_ID": spec.job_id,
+    })
+    return env
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A started worker."""
+
+    local_rank: int
+    global_rank: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """How a worker ended.
+
+    ``exit_code`` is the return code (negative for a signal, as in torch); ``signal`` its
+    name (``"SIGKILL"``) or None; ``message`` the error file's message when the worker wrote
+    one (torch's ``@record``), else ``"Signal 9 (SIGKILL)"`` or ``"exit code 3"``;
+    ``error_file`` the file's parsed content or None. ``timestamp`` is this host's
+    ``time.time()`` when the exit was seen. ``stopping`` is True for an exit caused by
+    :meth:`WorkerGroup.stop`.
+    """
+
+    local_rank: int
+    global_rank: int
+    pid: int
+    exit_code: int | None
+    signal: str | None
+    message: str
+    error_file: dict[str, Any] | None
+    timestamp: float
+    error_file_path: str = ""
+    stopping: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return self.exit_code != 0
+
+    def event_data(self) -> dict[str, Any]:
+        """The fields of a ``worker_exited`` event (see ``protocol.EventType``)."""
+        return {
+            "rank": self.global_rank, "local_rank": self.local_rank, "pid": self.pid,
+            "exit_code": self.exit_code, "signal": self.signal, "message": self.message,
+            "error_file": self.error_file, "timestamp": self.timestamp,
+            "stopping": self.stopping,
+        }
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """What :meth:`WorkerGroup.wait` saw: the state and the exits known at that moment."""
+
+    state: WorkerState
+    failures: tuple[WorkerExit, ...] = ()
+    exits: tuple[WorkerExit, ...] = ()
+
+    @property
+    def root_cause(self) -> WorkerExit | None:
+        """The earliest failure (the one that brought the group down)."""
+        return min(self.failures, key=lambda e: e.timestamp) if self.failures else None
+
+
+class _Worker:
+    __slots__ = ("error_file", "exit", "exited", "global_rank", "local_rank", "logs", "pid",
+                 "pipe_inodes", "transport")
+
+    def __init__(self, local_rank: int, global_rank: int, error_file: Path,
+                 logs: WorkerLogs, exited: asyncio.Future[int]) -> None:
+        self.local_rank = local_rank
+        self.global_rank = global_rank
+        self.error_file = error_file
+        self.logs = logs
+        self.exited = exited
+        self.exit: WorkerExit | None = None
+        self.pid = 0
+        self.transport: asyncio.SubprocessTransport | None = None
+        self.pipe_inodes: set[int] = set()
+
+
+class _WorkerProtocol(asyncio.SubprocessProtocol):
+    """Pipe chunks to the worker's log sink; the exit to the group, the moment it happens."""
+
+    def __init__(self, logs: WorkerLogs, exited: asyncio.Future[int]) -> None:
+        self._logs = logs
+        self._exited = exited
+        self._transport: asyncio.SubprocessTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        assert isinstance(data, bytes)
+        self._logs.feed(protocol.STDOUT if fd == 1 else protocol.STDERR, data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if fd in (1, 2):
+            self._logs.eof(protocol.STDOUT if fd == 1 else protocol.STDERR)
+
+    def process_exited(self) -> None:
+        assert self._transport is not None
+        rc = self._transport.get_returncode()
+        if not self._exited.done():
+            self._exited.set_result(rc if rc is not None else -1)
+
+
+class WorkerGroup:
+    """The workers of one role on this node, for one attempt at a time.
+
+    ``start`` -> ``wait`` -> ``stop``, then ``start`` again for the next attempt.
+    ``on_exit`` is called (on the event loop, synchronously) for every worker exit as it is
+    seen, including exits caused by ``stop``; an exception in it is logged, not raised.
+    ``logs`` is the node's log pipeline (default: files and terminal, no Redis).
+    """
+
+    def __init__(self, spec: WorkerSpec, *, logs: NodeLogs | None = None,
+                 on_exit: Callable[[WorkerExit], object] | None = None,
+                 base_env: Mapping[str, str] | None = None) -> None:
+        self.spec = spec
+        self.logs = logs or NodeLogs()
+        self.on_exit = on_exit
+        self._base_env = base_env
+        self.state = WorkerState.INIT
+        self.assignment: RankAssignment | None = None
+        self._workers: list[_Worker] = []
+        self._outcome: asyncio.Future[GroupResult] | None = None
+        self._stop_task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    @property
+    def workers(self) -> list[WorkerInfo]:
+        """The workers of the current attempt (pid 0 for one that failed to start)."""
+        return [WorkerInfo(w.local_rank, w.global_rank, w.pid) for w in self._workers]
+
+    @property
+    def exits(self) -> list[WorkerExit]:
+        """The exits seen so far in the current attempt, in the order they happened."""
+        return sorted((w.exit for w in self._workers if w.exit is not None),
+                      key=lambda e: e.timestamp)
+
+    # -- start ----------------------------------------------------------------------------
+
+    async def start(self, assignment: RankAssignment) -> list[WorkerInfo]:
+        """Start ``nproc`` workers for ``assignment``; return them by local rank.
+
+        Each worker gets its own session and process group, stdin from /dev/null, stdout
+        and stderr into the log pipeline, and a fresh error file path (a stale file from an
+        earlier run is deleted). Raises RuntimeError if the previous attempt was not stopped,
+        WorkerStartError if a worker cannot be spawned (those already started are stopped).
+        """
+        if self._workers and (self._stop_task is None or not self._stop_task.done()):
+            raise RuntimeError("the worker group is running: stop() it before starting again")
+        loop = asyncio.get_running_loop()
+        spec = self.spec
+        self.assignment = assignment
+        self._workers = []
+        self._stop_task = None
+        self._stopping = False
+        self._outcome = loop.create_future()
+        for local_rank in range(spec.nproc):
+            err = error_file_path(spec, assignment, local_rank)
+            err.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                err.unlink()  # a stale file would be read as this attempt's failure
+            rank = assignment.global_rank(local_rank)
+            wlogs = self.logs.open_worker(directory=err.parent, role=spec.role, rank=rank,
+                                          local_rank=local_rank, attempt=assignment.attempt)
+            exited: asyncio.Future[int] = loop.create_future()
+            worker = _Worker(local_rank, rank, err, wlogs, exited)
+            self._workers.append(worker)
+            env = worker_env(spec, assignment, local_rank, self._base_env)
+            proto = _WorkerProtocol(wlogs, exited)
+            try:
+                transport, _ = await loop.subprocess_exec(
+                    lambda proto=proto: proto, *spec.entrypoint,
+                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
+                    preexec_fn=_die_with_parent)
+            except OSError as exc:
+                wlogs.close()
+                exited.set_result(-1)
+                worker.exit = self._make_exit(worker, -1, f"could not start: {exc}")
+                await self.stop(timeout=min(self.spec.shutdown_timeout, 5.0))
+                raise WorkerStartError(
+                    f"cannot start worker {local_rank} ({spec.entrypoint[0]}): {exc}") from exc
+            worker.transport = transport
+            worker.pid = transport.get_pid()
+            worker.pipe_inodes = _pipe_inodes(transport)
+            exited.add_done_callback(lambda fut, w=worker: self._on_exited(w, fut))
+        self.state = WorkerState.HEALTHY
+        return self.workers
+
+    # -- exits ----------------------------------------------------------------------------
+
+    def _on_exited(self, worker: _Worker, fut: asyncio.Future[int]) -> None:
+        if fut.cancelled() or worker.exit is not None:
+            return
+        rc = fut.result()
+        worker.exit = self._make_exit(worker, rc, None)
+        if self.on_exit is not None:
+            try:
+                self.on_exit(worker.exit)
+            except Exception:
+                log.exception("on_exit callback failed for rank %d", worker.global_rank)
+        if self._outcome is None or self._outcome.done() or self._stopping:
+            return
+        if rc != 0:
+            self._settle(WorkerState.FAILED)
+        elif all(w.exit is not None and w.exit.exit_code == 0 for w in self._workers):
+            self._settle(WorkerState.SUCCEEDED)
+
+    def _settle(self, state: WorkerState) -> None:
+        exits = tuple(self.exits)
+        failures = tuple(e for e in exits if e.failed and not e.stopping)
+        self.state = state
+        assert self._outcome is not None
+        self._outcome.set_result(GroupResult(state, failures, exits))
+
+    def _make_exit(self, worker: _Worker, rc: int, message: str | None) -> WorkerExit:
+        sig_name = None
+        if rc < 0:
+            try:
+                sig_name = signal.Signals(-rc).name
+            except ValueError:
+                sig_name = f"SIG{-rc}"
+        data = _read_error_file(worker.error_file) if message is None else None
+        if message is None:
+            message = _error_message(data) if data is not None else ""
+        if not message:
+            message = f"Signal {-rc} ({sig_name})" if sig_name else f"exit code {rc}"
+        return WorkerExit(
+            local_rank=worker.local_rank, global_rank=worker.global_rank, pid=worker.pid,
+            exit_code=rc, signal=sig_name, message=message, error_file=data,
+            timestamp=time.time(), error_file_path=str(worker.error_file),
+            stopping=self._stopping)
+
+    async def wait(self) -> GroupResult:
+        """Wait for the group's outcome and return it.
+
+        Returns FAILED as soon as any worker exits non-zero (with the failures known at that
+        moment), SUCCEEDED once all exited 0, STOPPED if ``stop`` came first. It does not
+        wait for the output to drain: call ``stop`` afterwards, which ends leftover
+        processes and drains the pipes. Raises RuntimeError before ``start``.
+        """
+        if self._outcome is None:
+            raise RuntimeError("the worker group was not started")
+        return await asyncio.shield(self._outcome)
+
+    # -- signals and stop -----------------------------------------------------------------
+
+    async def signal_rank(self, global_rank: int, sig: int | str) -> bool:
+        """Send ``sig`` (a number or a name such as ``"SIGTERM"``) to one worker's group.
+
+        Returns False if that worker has already exited. Raises LookupError for a rank that
+        is not on this node, ValueError for an unknown signal name.
+        """
+        signum = _signal_number(sig)
+        for w in self._workers:
+            if w.global_rank == global_rank:
+                if w.exited.done() or not w.pid:
+                    return False
+                try:
+                    os.killpg(w.pid, signum)
+                except ProcessLookupError:
+                    return False
+                return True
+        raise LookupError(f"rank {global_rank} is not a worker of this node")
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """End every worker's whole process tree and drain their output. Idempotent.
+
+        SIGTERM to each worker's process group and to the processes of its tree that left
+        the group; up to ``timeout`` (default ``spec.shutdown_timeout``) for them to exit;
+        SIGKILL to whatever is left. Returns when every worker is reaped, every stray
+        process found is gone and the output pipes are drained (a pipe still held open by
+        a process that could not be found is closed after a short grace). Concurrent calls
+        share one stop.
+        """
+        if not self._workers:
+            return
+        if self._stop_task is None:
+            self._stop_task = asyncio.get_running_loop().create_task(
+                self._stop(self.spec.shutdown_timeout if timeout is None else timeout))
+        await asyncio.shield(self._stop_task)
+
+    async def _stop(self, timeout: float) -> None:
+        self._stopping = True
+        if self._outcome is not None and not self._outcome.done():
+            self._settle(WorkerState.STOPPED)
+        strays = await asyncio.to_thread(self._find_strays)
+        self._signal_all(signal.SIGTERM, strays)
+        if not await self._wait_gone(strays, timeout):
+            # Look again: the tree may have grown while it was shutting down.
+            strays.update(await asyncio.to_thread(self._find_strays))
+            left = [w.global_rank for w in self._workers if not w.exited.done()]
+            log.warning("worker processes still running %.1f s after SIGTERM (ranks %s, "
+                        "%d other processes of their trees): sending SIGKILL", timeout, left,
+                        sum(1 for p in strays.values() if _running(p)))
+            self._signal_all(signal.SIGKILL, strays)
+            if not await self._wait_gone(strays, KILL_WAIT):
+                log.error("some worker processes survived SIGKILL for %.0f s (uninterruptible "
+                          "sleep?); giving up on them", KILL_WAIT)
+        # Anything still in a worker's group or tree (an orphan that ignored SIGTERM after
+        # its parent died) gets SIGKILL, so nothing outlives the group.
+        late = await asyncio.to_thread(self._find_strays)
+        self._signal_all(signal.SIGKILL, late)
+        await self._wait_gone(late, KILL_WAIT)
+        await self._drain()
+
+    def _find_strays(self) -> dict[int, psutil.Process]:
+        """Processes of the workers' trees other than the workers themselves.
+
+        Children are found by parentage while their worker lives; orphans (reparented to
+        init) and daemons (new session) by the worker's error file path in their
+        environment, which they inherited. Runs in a thread: it reads /proc.
+        """
+        me = os.getpid()
+        worker_pids = {w.pid for w in self._workers if w.pid}
+        found: dict[int, psutil.Process] = {}
+        for w in self._workers:
+            if not w.pid or w.exited.done():
+                continue
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(w.pid).children(recursive=True):
+                    found[child.pid] = child
+        markers = {str(w.error_file) for w in self._workers}
+        uid = os.getuid()
+        for proc in psutil.process_iter(["uids"]):
+            pid = proc.pid
+            if pid in found or pid in worker_pids or pid == me:
+                continue
+            try:
+                uids = proc.info["uids"]
+                if uids is None or uids.real != uid:
+                    continue
+                if proc.environ().get("TORCHELASTIC_ERROR_FILE") in markers:
+                    found[pid] = proc
+            except psutil.Error:
+                continue
+        return found
+
+    def _signal_all(self, sig: signal.Signals, strays: Mapping[int, psutil.Process]) -> None:
+        own_group = os.getpgrp()
+        for w in self._workers:
+            # The group outlives its leader while any member lives: signal it even if the
+            # worker itself has exited.
+            if w.pid and w.pid != own_group:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(w.pid, sig)
+        for proc in strays.values():
+            try:
+                if not proc.is_running():  # psutil also guards against a reused pid
+                    continue
+                pgid = os.getpgid(proc.pid)
+                if pgid == proc.pid and pgid != own_group:
+                    os.killpg(pgid, sig)  # a daemon leading its own group: take its children
+                else:
+                    proc.send_signal(sig)
+            except (psutil.Error, ProcessLookupError, PermissionError):
+                continue
+
+    async def _wait_gone(self, strays: Mapping[int, psutil.Process], timeout: float) -> bool:
+        """Wait until every worker has exited and every stray is gone; False on timeout."""
+        waits: list[asyncio.Future[Any]] = [w.exited for w in self._workers
+                                            if not w.exited.done()]
+        closers: list[Callable[[], None]] = []
+        for proc in strays.values():
+            fut, close = _process_gone(proc)
+            if fut is not None:
+                waits.append(fut)
+                closers.append(close)
+        try:
+            if not waits:
+                return True
+            _, pending = await asyncio.wait(waits, timeout=timeout)
+            return not pending
+        finally:
+            for close in closers:
+                close()
+
+    async def _drain(self) -> None:
+        undrained = [w for w in self._workers if not w.logs.drained.is_set()]
+        if undrained:
+            waits = [asyncio.ensure_future(w.logs.drained.wait()) for w in undrained]
+            _, pending = await asyncio.wait(waits, timeout=DRAIN_WAIT)
+            if pending:
+                # Someone we could not find by parentage or environment still holds a pipe:
+                # find it by the pipe itself, kill it, then give up on the pipe.
+                inodes = set().union(*(w.pipe_inodes for w in undrained))
+                holders = await asyncio.to_thread(_pipe_holders, inodes)
+                if holders:
+                    log.warning("killing %d process(es) still holding worker output pipes",
+                                len(holders))
+                    self._signal_all(signal.SIGKILL, holders)
+                    await self._wait_gone(holders, KILL_WAIT)
+                    _, pending = await asyncio.wait(pending, timeout=DRAIN_WAIT)
+                for fut in pending:
+                    fut.cancel()
+        for w in self._workers:
+            if w.transport is not None:
+                w.transport.close()  # every process is gone; this only releases the pipes
+            w.logs.close()
+        if self.state is WorkerState.HEALTHY:
+            self.state = WorkerState.STOPPED
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: if the agent dies without stopping us (SIGKILL, OOM), the
+    kernel sends SIGKILL, so a lost host leaves no orphan worker behind."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
+def _signal_number(sig: int | str) -> int:
+    if isinstance(sig, str):
+        name = sig.upper()
+        if not name.startswith("SIG"):
+            name = "SIG" + name
+        try:
+            return int(signal.Signals[name])
+        except KeyError:
+            raise ValueError(f"unknown signal {sig!r}") from None
+    return int(sig)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _read_error_file(path: Path) -> dict[str, Any] | None:
+    """The worker's error file (torch's ``@record`` format), or None if absent or invalid."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fp:
+            data = json.load(fp)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("cannot read the error file %s: %s", path, exc)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _error_message(data: Mapping[str, Any]) -> str:
+    """``{"message": {"message": ...}}`` (``@record``) or ``{"message": "..."}``."""
+    msg = data.get("message")
+    if isinstance(msg, Mapping):
+        msg = msg.get("message")
+    return msg if isinstance(msg, str) else ""
+
+
+def _pipe_inodes(transport: asyncio.SubprocessTransport) -> set[int]:
+    inodes = set()
+    for fd in (1, 2):
+        pipe = transport.get_pipe_transport(fd)
+        f = pipe.get_extra_info("pipe") if pipe is not None else None
+        if f is not None:
+            with contextlib.suppress(OSError, ValueError):
+                inodes.add(os.fstat(f.fileno()).st_ino)
+    return inodes
+
+
+def _pipe_holders(inodes: set[int]) -> dict[int, psutil.Process]:
+    """Processes of ours with a descriptor on one of these pipes (Linux /proc)."""
+    wanted = {f"pipe:[{i}]" for i in inodes}
+    me = os.getpid()
+    uid = os.getuid()
+    found: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter(["uids"]):
+        if proc.pid == me:
+            continue
+        uids = proc.info["uids"]
+        if uids is None or uids.real != uid:
+            continue
+        fd_dir = f"/proc/{proc.pid}/fd"
+        try:
+            for fd in os.listdir(fd_dir):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"{fd_dir}/{fd}") in wanted:
+                        found[proc.pid] = proc
+                        break
+        except OSError:
+            continue
+    return found
+
+
+def _process_gone(proc: psutil.Process) -> tuple[asyncio.Future[Any] | None, Callable[[], None]]:
+    """A future done when ``proc`` (not our child) is gone, and a clean-up function.
+
+    A pidfd becomes readable when the process terminates, so the loop is told, not asked.
+    Where pidfds are missing (not Linux >= 5.3) psutil waits in a thread instead.
+    """
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:
+        return None, lambda: None
+    except (AttributeError, OSError):
+        fut = asyncio.ensure_future(asyncio.to_thread(psutil.wait_procs, [proc], KILL_WAIT * 3))
+        return fut, fut.cancel
+    if not proc.is_running():  # the pid was reused before we opened it: ours is gone
+        os.close(fd)
+        return None, lambda: None
+    fut = loop.create_future()
+
+    def gone() -> None:
+        if not fut.done():
+            fut.set_result(None)
+        loop.remove_reader(fd)
+
+    loop.add_reader(fd, gone)
+
+    def close() -> None:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+    return fut, close

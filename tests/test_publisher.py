@@ -1,0 +1,244 @@
+"""StreamPublisher against a real redis-server: order, outages, overflow, latency, memory."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from elastic_console.agent.connection import make_async_client, make_client
+from elastic_console.agent.protocol import JobKeys, stream_id_ms
+from elastic_console.agent.publisher import StreamPublisher
+from elastic_console.agent.standalone import RedisServer, free_port
+
+pytestmark = pytest.mark.asyncio
+
+
+async def wait_until(predicate: Callable[[], Any], timeout: float = 5.0,
+                     what: str = "condition") -> Any:
+    """Poll a condition with a deadline (the tests' only use of sleep)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"{what} not reached within {timeout} s")
+
+
+def marker_factory(key: str) -> Callable[[int], tuple[str, dict[str, str]]]:
+    def make(count: int) -> tuple[str, dict[str, str]]:
+        return key, {"type": "dropped", "count": str(count)}
+
+    return make
+
+
+def read_all(client: redis.Redis, key: str) -> list[tuple[str, dict[str, str]]]:
+    out = []
+    for entry_id, fields in client.xrange(key):
+        out.append((entry_id.decode(), {k.decode(): v.decode() for k, v in fields.items()}))
+    return out
+
+
+def dedup_indices(entries: list[tuple[str, dict[str, str]]]) -> list[int]:
+    """The ``i`` fields, without the duplicates a re-sent batch may write."""
+    seen: list[int] = []
+    for _, f in entries:
+        if "i" not in f:
+            continue
+        i = int(f["i"])
+        if seen and i <= seen[-1]:
+            assert i in seen, f"entry {i} arrived out of order after {seen[-1]}"
+            continue  # a duplicate of a re-sent batch (accepted, readers dedupe by seq)
+        seen.append(i)
+    return seen
+
+
+async def test_order_preserved_within_and_across_streams(redis_url: str, r: redis.Redis,
+                                                         job_id: str) -> None:
+    keys = JobKeys(job_id)
+    a, b = keys.logs("a"), keys.logs("b")
+    pub = StreamPublisher(redis_url)
+    await pub.start()
+    try:
+        n = 5000
+        for i in range(n):
+            pub.publish(a if i % 3 else b, {"i": str(i)}, maxlen=100_000)
+            if i % 700 == 0:
+                await asyncio.sleep(0)  # let batches go out while we publish
+        pub.publish_command("SADD", keys.log_streams, a)
+        await asyncio.wait_for(pub.flush(), 10)
+    finally:
+        await pub.close()
+    ea, eb = read_all(r, a), read_all(r, b)
+    assert [int(f["i"]) for _, f in ea] == [i for i in range(n) if i % 3]
+    assert [int(f["i"]) for _, f in eb] == [i for i in range(n) if i % 3 == 0]
+    # Across streams: sending in publication order means server time never goes back.
+    merged = sorted([(int(f["i"]), stream_id_ms(eid)) for eid, f in ea + eb])
+    times = [ms for _, ms in merged]
+    assert times == sorted(times)
+    assert r.smembers(keys.log_streams) == {a.encode()}
+    assert pub.sent == n + 1 and pub.dropped == 0 and pub.buffered == 0
+
+
+async def test_publish_never_raises_without_redis(job_id: str) -> None:
+    pub = StreamPublisher(f"redis://127.0.0.1:{free_port()}", retry_cap=0.1)
+    key = JobKeys(job_id).events
+    pub.publish(key, {"i": "0"}, maxlen=10)  # before start: buffered
+    await pub.start()
+    for i in range(1, 100):
+        pub.publish(key, {"i": str(i)}, maxlen=10)
+    await wait_until(lambda: pub.stats().retries > 0, what="a failed send")
+    assert not pub.connected and pub.buffered == 100
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(pub.flush(), 0.2)
+    assert await pub.close(flush_timeout=0.1) == 100
+
+
+async def test_outage_replays_everything_in_order(private_redis: RedisServer,
+                                                  job_id: str) -> None:
+    key = JobKeys(job_id).logs("n")
+    pub = StreamPublisher(private_redis.url)
+    await pub.start()
+    published = 0
+    stop = asyncio.Event()
+
+    async def producer() -> None:
+        nonlocal published
+        while not stop.is_set():
+            pub.publish(key, {"i": str(published)}, maxlen=1_000_000)
+            published += 1
+            await asyncio.sleep(0.001)  # pacing of the producer, not synchronisation
+
+    task = asyncio.create_task(producer())
+    try:
+        await wait_until(lambda: pub.sent > 50, what="records sent before the outage")
+        # Everything published from here on can only reach the restarted server.
+        first_after_kill = published
+        private_redis.kill()
+        await wait_until(lambda: not pub.connected, what="outage noticed")
+        await wait_until(lambda: published > first_after_kill + 200, what="publishing on")
+        assert pub.buffered > 0
+        await asyncio.to_thread(private_redis.start)
+        await wait_until(lambda: pub.connected, timeout=5, what="reconnected")
+        await wait_until(lambda: published > first_after_kill + 400, what="publishing on")
+    finally:
+        stop.set()
+        await task
+    await asyncio.wait_for(pub.flush(), 10)
+    await pub.close()
+    client = make_client(private_redis.url)
+    try:
+        got = dedup_indices(read_all(client, key))
+    finally:
+        client.close()
+    # In order, nothing lost: every record published after the kill is there, contiguous.
+    assert got == sorted(got)
+    tail = [i for i in got if i >= first_after_kill]
+    assert tail == list(range(first_after_kill, published))
+    assert pub.dropped == 0
+
+
+async def test_overflow_leaves_one_marker_with_the_count(private_redis: RedisServer,
+                                                         job_id: str) -> None:
+    key = JobKeys(job_id).logs("n")
+    pub = StreamPublisher(private_redis.url, make_drop_marker=marker_factory(key),
+                          max_records=100, retry_cap=0.2)
+    await pub.start()
+    pub.publish(key, {"i": "-1"}, maxlen=100_000)
+    await asyncio.wait_for(pub.flush(), 5)
+    private_redis.kill()
+    # Several bursts with the flusher retrying in between: still one overflow episode.
+    n = 1000
+    for burst in range(5):
+        for i in range(burst * 200, burst * 200 + 200):
+            pub.publish(key, {"i": str(i)}, maxlen=100_000)
+            if i == 500:
+                pub.publish(key, {"keep": "yes"}, maxlen=100_000, droppable=False)
+            assert pub.buffered <= 101 + 1  # the bound (+ the pending marker)
+        retries = pub.stats().retries
+        await wait_until(lambda r=retries: pub.stats().retries > r, what="a failed retry")
+        assert not pub.connected
+    assert pub.dropped == n + 1 - 100
+    await asyncio.to_thread(private_redis.start)
+    await asyncio.wait_for(pub.flush(), 10)
+    await pub.close()
+    client = make_client(private_redis.url)
+    try:
+        entries = read_all(client, key)
+    finally:
+        client.close()
+    markers = [(pos, f) for pos, (_, f) in enumerate(entries) if f.get("type") == "dropped"]
+    assert len(markers) == 1
+    pos, marker = markers[0]
+    data = [int(f["i"]) for _, f in entries if "i" in f]
+    keep = [p for p, (_, f) in enumerate(entries) if f.get("keep") == "yes"]
+    # The newest droppable records survive; the non-droppable one too, in its place
+    # (published before the gap closed), then the marker where the gap is.
+    assert data == list(range(n - 99, n))
+    assert int(marker["count"]) == n - 99
+    assert int(marker["count"]) + len(data) == n
+    assert keep == [0] and pos == 1
+
+
+async def test_overflow_memory_is_bounded(job_id: str) -> None:
+    key = JobKeys(job_id).logs("n")
+    pub = StreamPublisher(f"redis://127.0.0.1:{free_port()}", max_records=1000,
+                          max_bytes=600_000, make_drop_marker=marker_factory(key))
+    payload = "x" * 1000
+    tracemalloc.start()
+    try:
+        base, _ = tracemalloc.get_traced_memory()
+        for i in range(20_000):  # 20 MB published, none of it deliverable
+            pub.publish(key, {"i": str(i), "p": payload + str(i)}, maxlen=10)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert pub.buffered <= 1000 + 1
+    assert pub.buffered_bytes <= 600_000
+    assert pub.stats().dropped_weight == 20_000 - (pub.buffered - 1)
+    assert peak - base < 5_000_000, f"peak {peak - base} bytes"
+    await pub.close(flush_timeout=0)
+
+
+async def test_non_droppable_records_outlive_droppable_ones(job_id: str) -> None:
+    key = JobKeys(job_id).events
+    pub = StreamPublisher(f"redis://127.0.0.1:{free_port()}", max_records=10)
+    for i in range(5):
+        pub.publish(key, {"e": str(i)}, maxlen=10, droppable=False)
+    for i in range(100):
+        pub.publish(key, {"i": str(i)}, maxlen=10)
+    assert pub.dropped == 95
+    assert pub.buffered == 11  # 5 events, the 5 newest droppable records, the marker slot
+    await pub.close(flush_timeout=0)
+
+
+async def test_flush_latency_when_idle(redis_url: str, job_id: str) -> None:
+    key = JobKeys(job_id).logs("n")
+    pub = StreamPublisher(redis_url)
+    reader = make_async_client(redis_url, blocking_ms=5000)
+    await pub.start()
+    try:
+        pub.publish(key, {"i": "0"}, maxlen=100)
+        await asyncio.wait_for(pub.flush(), 5)
+        last_id = (await reader.xrange(key))[-1][0].decode()
+        latencies = []
+        for i in range(1, 6):
+            await asyncio.sleep(0.1)  # idle: the flusher is parked on its event, no tick
+            read = asyncio.create_task(reader.xread({key: last_id}, block=2000))
+            await asyncio.sleep(0.01)  # let the XREAD reach the server first
+            t0 = time.perf_counter()
+            pub.publish(key, {"i": str(i)}, maxlen=100)
+            reply = await asyncio.wait_for(read, 3)
+            latencies.append(time.perf_counter() - t0)
+            entries = reply[0][1]
+            last_id = entries[-1][0].decode()
+        assert max(latencies) < 0.05, latencies
+    finally:
+        await pub.close()
+        await reader.aclose()
