@@ -451,7 +451,7 @@ class ElasticAgent:
             self.events.emit(EventType.JOB_SUCCEEDED, restarts_used=self._restarts_used)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.rdzv.set_closed)
-        self.say(f"job {self.cfg.job_id} succeeded")
+        self.print_summary(self.root_cause, failed=False)
         return 0
 
     async def _leave_on_signal(self, sig: int) -> int:
@@ -549,7 +549,15 @@ class ElasticAgent:
         name = self.cfg.entrypoint[-1] if self.cfg.entrypoint else "job"
         script = next((a for a in self.cfg.entrypoint if a.endswith(".py")), name)
         bar = "=" * 64
-        lines = [bar, f"{script} FAILED" if failed else f"{script} succeeded", "-" * 64,
+        if not failed:
+            lines = [bar, f"{script} succeeded: job {self.cfg.job_id}, "
+                     f"{self._restarts_used}/{self.cfg.max_restarts} restarts used"]
+            if cause:
+                lines.append(f"  recovered from: rank {cause.get('rank')} on {cause.get('host')}:"
+                             f" {cause.get('message')}")
+            print("\n".join([*lines, bar]), file=self.term, flush=True)
+            return
+        lines = [bar, f"{script} FAILED", "-" * 64,
                  "Root Cause (first observed failure across all nodes):"]
         if cause:
             when = cause.get("server_ms") or int((cause.get("timestamp") or 0) * 1000)
