@@ -29,6 +29,7 @@ test: redis lint
 
 bench: redis
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/rendezvous_bench.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/launch_bench.py
 
 demo: redis
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
