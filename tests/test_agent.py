@@ -273,3 +273,53 @@ def test_standalone_prints_the_attach_command(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "elastic-console attach solo-1 --redis redis://127.0.0.1:" in p.stderr
     assert p.stdout.count("hello from rank") == 2
+
+
+def test_a_failure_during_an_outage_waits_for_redis_then_restarts(private_redis, job_id,
+                                                                   tmp_path):
+    srv = private_redis
+    srv.stop()
+    srv.extra_args = ["--appendonly", "yes", "--appendfsync", "always"]
+    srv.start()
+    r = make_client(srv.url)
+    args = agent_args(srv.url, job_id, "--nproc-per-node", "2", "--max-restarts", "1",
+                      str(SCRIPTS / "sleeper.py"), "--seconds", "2", "--fail-rank", "0",
+                      "--fail-after", "1.5")
+    agent = Agent(args, tmp_path, "a")
+    wait_until(lambda: len(worker_pids(r, job_id)) == 2, 30, "workers")
+    srv.kill()
+    wait_until(lambda: "rank 0 failing on purpose" in agent.output, 20, "the failure")
+    wait_until(lambda: "Redis unreachable" in agent.output, 30, "the agent to wait for Redis")
+    assert agent.proc.poll() is None, agent.output[-2000:]
+    srv.start()
+    assert agent.wait(90) == 0, agent.output[-3000:]
+    assert [e.data["reason"] for e in of_type(r, job_id, EventType.RESTARTING)] == ["failure"]
+    assert len(of_type(r, job_id, EventType.WORKERS_STARTED)) == 2
+    r.close()
+
+
+def test_a_node_joining_below_max_reforms_without_spending_a_restart(redis_url, r, job_id,
+                                                                     tmp_path):
+    args = agent_args(redis_url, job_id, "--nnodes", "1:2", "--nproc-per-node", "1", FAST,
+                      str(SCRIPTS / "sleeper.py"), "--seconds", "3")
+    a = Agent(args, tmp_path, "a")
+    wait_until(lambda: len(worker_pids(r, job_id)) == 1, 30, "a round of one")
+    b = Agent(args, tmp_path, "b")
+    assert a.wait(60) == 0 and b.wait(60) == 0, a.output[-2000:] + b.output[-2000:]
+    rounds = of_type(r, job_id, EventType.RENDEZVOUS_COMPLETE)
+    assert [e.data["world_size"] for e in rounds] == [1, 2]
+    assert r.get(JobKeys(job_id).restarts) in (None, b"0")
+    started = of_type(r, job_id, EventType.WORKERS_STARTED)
+    assert sorted(started[-1].data["ranks"] + started[-2].data["ranks"]) == [0, 1]
+
+
+def test_resource_samples_are_kept_per_rank(redis_url, r, job_id, tmp_path):
+    args = agent_args(redis_url, job_id, "--nproc-per-node", "2", str(SCRIPTS / "sleeper.py"),
+                      "--seconds", "2.5")
+    agent = Agent(args, tmp_path, "a")
+    wait_until(lambda: r.hlen(JobKeys(job_id).resources) == 2, 20, "samples of both ranks")
+    samples = {int(k): json.loads(v) for k, v in r.hgetall(JobKeys(job_id).resources).items()}
+    assert set(samples) == {0, 1}
+    assert all(s["rss"] > 1_000_000 and s["threads"] >= 1 and "cpu" in s
+               for s in samples.values())
+    assert agent.wait(30) == 0

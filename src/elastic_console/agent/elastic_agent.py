@@ -29,9 +29,9 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import redis
 import redis.asyncio as aioredis
@@ -39,7 +39,7 @@ import redis.asyncio as aioredis
 from . import protocol
 from .commands import CommandReader, Rejected
 from .config import AgentConfig
-from .connection import make_async_client
+from .connection import explain_error, make_async_client
 from .events import EventSink, ResourceSampler
 from .logs import LogConfig, NodeLogs, make_logs_drop_marker, parse_std_spec
 from .protocol import Command, CommandType, EventType, JobKeys
@@ -47,6 +47,7 @@ from .publisher import StreamPublisher
 from .rendezvous import (
     RedisRendezvous,
     RendezvousClosedError,
+    RendezvousConnectionError,
     RendezvousProgress,
     RendezvousResult,
 )
@@ -54,6 +55,10 @@ from .store import RedisStore, StoreTimeoutError, barrier
 from .workers import GroupResult, RankAssignment, WorkerExit, WorkerGroup, WorkerSpec, WorkerState
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_OUTAGE = (redis.ConnectionError, redis.TimeoutError, OSError, RendezvousConnectionError)
 
 EXIT_STOPPED = 143  # a stop command: the conventional status of a terminated process
 
@@ -176,10 +181,41 @@ class ElasticAgent:
         s = self.cfg.rendezvous
         self.say(f"job {self.cfg.job_id}: joining the rendezvous on {self.cfg.endpoint.display} "
                  f"(nodes {s.min_nodes}..{s.max_nodes})")
-        try:
-            return self.rdzv.next_rendezvous(progress=self._progress)
-        except RendezvousClosedError:
-            return Outcome.CLOSED
+        deadline = time.monotonic() + s.join_timeout
+        delay = 0.05
+        while True:
+            try:
+                return self.rdzv.next_rendezvous(progress=self._progress)
+            except RendezvousClosedError:
+                return Outcome.CLOSED
+            except RendezvousConnectionError as exc:
+                # A failure during an outage waits for Redis, up to the join timeout.
+                if time.monotonic() > deadline or self._signal_seen():
+                    raise
+                if delay == 0.05:
+                    self.say(f"{exc}; retrying until Redis is back "
+                             f"(up to {s.join_timeout:g} s)")
+                time.sleep(delay)  # this runs in the rendezvous thread: backoff between tries
+                delay = min(delay * 2, 1.0)
+
+    def _signal_seen(self) -> bool:
+        return self._signal is not None and self._signal.done()
+
+    async def _redis(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Run a Redis call the job cannot go on without, riding out an outage for up to the
+        join timeout (workers keep running meanwhile; only this decision waits)."""
+        deadline = time.monotonic() + self.cfg.rendezvous.join_timeout
+        delay = 0.05
+        while True:
+            try:
+                return await call()
+            except _OUTAGE as exc:
+                if time.monotonic() > deadline:
+                    raise explain_error(exc, self.cfg.endpoint.display) from None
+                if delay == 0.05:
+                    self.say(f"Redis unreachable while {what}; retrying until it is back")
+                await asyncio.sleep(delay)  # backoff between reconnection attempts
+                delay = min(delay * 2, 1.0)
 
     def _progress(self, p: RendezvousProgress) -> None:
         if p.status == "waiting":
@@ -230,7 +266,8 @@ class ElasticAgent:
         # The round number is job-wide, so attempt_N directories never collide between
         # agents sharing a host and a log directory.
         self._attempt = result.round
-        restarts = int(await self._client.get(self.keys.restarts) or 0)
+        restarts = int(await self._redis("reading the restart count",
+                                         lambda: self._client.get(self.keys.restarts)) or 0)
         self._restarts_used = restarts
         info = result.info
         world = info.total_workers or self.cfg.nproc * result.group_world_size
@@ -378,8 +415,8 @@ class ElasticAgent:
     async def _on_failure(self, res: GroupResult) -> int | None:
         assert self._round is not None
         rnd = self._round.result.round
-        claimed, used = await self._client.eval(
-            _CLAIM_RESTART, 2, self.keys.restarts, self.keys.meta, rnd)
+        claimed, used = await self._redis("counting the restart", lambda: self._client.eval(
+            _CLAIM_RESTART, 2, self.keys.restarts, self.keys.meta, rnd))
         used = int(used)
         self._restarts_used = used
         cause = await self._root_cause(res)
@@ -471,7 +508,8 @@ class ElasticAgent:
         return await self._ended_elsewhere()
 
     async def _ended_elsewhere(self) -> int:
-        final = await self._client.hget(self.keys.meta, "final_state")
+        final = await self._redis("reading the job's state",
+                                  lambda: self._client.hget(self.keys.meta, "final_state"))
         state = final.decode() if final else "closed"
         self.say(f"job {self.cfg.job_id} {state} elsewhere; exiting")
         if state == "failed":
@@ -490,7 +528,8 @@ class ElasticAgent:
         return None
 
     async def _claim_final(self, state: str) -> bool:
-        return bool(await self._client.hsetnx(self.keys.meta, "final_state", state))
+        return bool(await self._redis("recording the job's end", lambda: self._client.hsetnx(
+            self.keys.meta, "final_state", state)))
 
     async def _close_job(self, state: str, *, command: Command | None = None,
                          cause: dict[str, Any] | None = None) -> None:
@@ -503,7 +542,7 @@ class ElasticAgent:
                 self.events.emit(EventType.JOB_FAILED, root_cause=cause,
                                  restarts_used=self._restarts_used,
                                  max_restarts=self.cfg.max_restarts)
-        await asyncio.to_thread(self.rdzv.set_closed)
+        await self._redis("closing the rendezvous", lambda: asyncio.to_thread(self.rdzv.set_closed))
 
     # -- commands -------------------------------------------------------------------------
     async def _read_commands(self) -> None:
@@ -540,9 +579,10 @@ class ElasticAgent:
                          reason=reason, host=self.host)
 
     async def _write_meta(self) -> None:
-        await self._client.hset(self.keys.meta, mapping={
+        await self._redis("writing the job's settings", lambda: self._client.hset(
+            self.keys.meta, mapping={
             "max_restarts": self.cfg.max_restarts, "nproc_per_node": self.cfg.nproc,
-            "entrypoint": json.dumps(self.cfg.entrypoint)})
+            "entrypoint": json.dumps(self.cfg.entrypoint)}))
 
     # -- summary --------------------------------------------------------------------------
     def print_summary(self, cause: dict[str, Any] | None, failed: bool) -> None:

@@ -553,7 +553,10 @@ class RedisRendezvous:
     def _previous_members(self) -> list[str]:
         if self._last_round is None:
             return []
-        raw = self._client.get(self.keys.rdzv_round_info)
+        try:
+            raw = self._client.get(self.keys.rdzv_round_info)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            raise RendezvousConnectionError(str(explain_error(exc, self.endpoint.display))) from None
         return [n["node"] for n in RoundInfo.decode(raw).nodes] if raw else []
 
     def membership(self) -> Membership:

@@ -1,0 +1,538 @@
+"""JobClient: reads a job's streams from Redis and sends it commands. asyncio; no Textual.
+
+The console's only door to Redis. It speaks the wire contract of
+:mod:`elastic_console.agent.protocol` (every key comes from there) through the clients of
+:mod:`elastic_console.agent.connection`:
+
+* a command client (fail fast, a couple of retries) for everything that does not block;
+* a blocking reader (socket timeout longer than its ``XREAD BLOCK``) for :meth:`follow` and
+  :meth:`wait_acks`. It retries once at most: riding out an outage is :meth:`follow`'s job,
+  because the UI must be told (``ConnectionChange``) while it lasts.
+
+Reading contract (FIELD-NOTES: ``$`` can skip entries, a reader must re-send its own ids)
+
+* :meth:`history` reads what Redis still keeps, oldest first, and remembers the newest id of
+  every stream it read; :meth:`follow` continues exactly after those ids.
+* :meth:`follow` passes the last id it saw for every stream on every ``XREAD``, ``0-0`` for a
+  log stream discovered later (so its first lines are not skipped), and never ``$``. After an
+  outage it re-sends the same ids: no gap, no duplicate.
+
+Every message names the endpoint by ``Endpoint.display`` (password redacted). Connection
+problems surface as :class:`~elastic_console.agent.connection.RedisUnavailableError` with a
+one-line explanation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import heapq
+import json
+import logging
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from elastic_console.agent.connection import (
+    Endpoint,
+    RedisUnavailableError,
+    explain_error,
+    make_async_client,
+    parse_endpoint,
+)
+from elastic_console.agent.protocol import (
+    COMMANDS_MAXLEN,
+    JOBS_INDEX,
+    Command,
+    CommandType,
+    Event,
+    EventType,
+    InvalidJobIdError,
+    JobKeys,
+    LogBatch,
+    RoundInfo,
+    decode_event,
+    decode_log_batch,
+    encode_command,
+    validate_job_id,
+)
+
+from .state import ConnectionChange, JobView
+from .text import sanitize
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Ack", "ConnectionChange", "JobClient", "JobSummary", "Record"]
+
+#: What :meth:`JobClient.follow` yields.
+Record = Event | LogBatch | ConnectionChange
+
+BLOCK_MS = 2_000  # one XREAD BLOCK; also bounds how late a Ctrl-C or a new stream is seen
+STREAMS_REFRESH_S = 3.0  # re-read the set of log streams at least this often
+READ_COUNT = 1_000  # entries per stream per XREAD: bounds one reply's size
+LIST_EVENTS_PER_JOB = 300  # events folded per job by list_jobs
+ACTIVE_NODES_EVENTS = 5_000  # events folded to find the nodes expected to ack
+BACKOFF_START, BACKOFF_MAX = 0.05, 1.0
+
+_CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, socket.timeout, OSError)
+# Events after which a new node's log stream may exist (its SADD precedes workers_started
+# on the same ordered publisher); the timed refresh catches the rest.
+_NEW_STREAM_EVENTS = frozenset({EventType.NODE_JOINED, EventType.RENDEZVOUS_COMPLETE,
+                                EventType.WORKERS_STARTED})
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """One line of ``elastic-console ls``. ``age_s`` is measured on the Redis server clock."""
+
+    job_id: str
+    state: str
+    nodes: int
+    world_size: int | None
+    restarts_used: int
+    max_restarts: int | None
+    created_ms: int
+    age_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"job": self.job_id, "state": self.state, "nodes": self.nodes,
+                "world_size": self.world_size, "restarts_used": self.restarts_used,
+                "max_restarts": self.max_restarts, "created_ms": self.created_ms,
+                "age_s": round(self.age_s, 3)}
+
+
+@dataclass(frozen=True)
+class Ack:
+    """One agent's answer to a command. Strings are sanitized (they came from the job)."""
+
+    node: str
+    host: str
+    status: str  # accepted | rejected | done
+    reason: str
+    server_ms: int
+
+
+class JobClient:
+    """A console's connection to one Redis server, and optionally to one job on it.
+
+    ``job_id`` is validated here (``InvalidJobIdError``); methods about a job need it.
+    Use it from one event loop; call :meth:`close` (or ``async with``) when done.
+    """
+
+    def __init__(self, endpoint: Endpoint | str, job_id: str | None = None, *,
+                 retries: int = 2) -> None:
+        self.endpoint = endpoint if isinstance(endpoint, Endpoint) else parse_endpoint(endpoint)
+        self.job_id = validate_job_id(job_id) if job_id is not None else None
+        self._job_keys = JobKeys(job_id) if job_id is not None else None
+        self._client: aioredis.Redis = make_async_client(self.endpoint, retries=retries)
+        # One retry only: a stale pooled socket after a server restart is re-dialled
+        # silently, a real outage is reported by follow() at once.
+        self._reader: aioredis.Redis = make_async_client(self.endpoint, blocking_ms=BLOCK_MS,
+                                                         retries=1)
+        self._last_ids: dict[str, str] = {}  # stream key -> last entry id seen (follow cursor)
+        self._sent: dict[str, str] = {}  # command id -> its entry id on the command stream
+
+    # -- plumbing ----------------------------------------------------------------------------
+    @property
+    def keys(self) -> JobKeys:
+        if self._job_keys is None:
+            raise ValueError("this JobClient was created without a job id")
+        return self._job_keys
+
+    @property
+    def last_ids(self) -> dict[str, str]:
+        """A copy of the follow cursor: stream key -> last id seen."""
+        return dict(self._last_ids)
+
+    async def close(self) -> None:
+        """Close both connections (idempotent)."""
+        for c in (self._client, self._reader):
+            with contextlib.suppress(Exception):
+                await c.aclose()
+
+    async def __aenter__(self) -> JobClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Any Redis failure becomes one RedisUnavailableError sentence naming the endpoint."""
+        try:
+            yield
+        except RedisUnavailableError:
+            raise
+        except (redis.RedisError, OSError) as exc:
+            raise explain_error(exc, self.endpoint.display) from None
+
+    async def _server_ms(self) -> int:
+        try:
+            secs, micros = await self._client.time()
+            return int(secs) * 1000 + int(micros) // 1000
+        except redis.ResponseError:  # TIME not allowed for this ACL user: the local clock
+            return int(time.time() * 1000)
+
+    # -- jobs --------------------------------------------------------------------------------
+    async def list_jobs(self) -> list[JobSummary]:
+        """Every job of the job index, newest first, summarised from its meta, its restart
+        counter, its last completed round and a fold of its last few hundred events."""
+        with self._errors():
+            raw = await self._client.zrevrange(JOBS_INDEX, 0, -1, withscores=True)
+            jobs: list[tuple[str, JobKeys, float]] = []
+            for member, score in raw:
+                job = _s(member)
+                with contextlib.suppress(InvalidJobIdError):
+                    jobs.append((job, JobKeys(job), float(score)))
+            now_ms = await self._server_ms()
+            pipe = self._client.pipeline(transaction=False)
+            for _, k, _ in jobs:
+                pipe.hgetall(k.meta)
+                pipe.xrevrange(k.events, count=LIST_EVENTS_PER_JOB)
+                pipe.get(k.restarts)
+                pipe.get(k.rdzv_round_info)
+            replies = await pipe.execute() if jobs else []
+        out = []
+        for i, (job, _, score) in enumerate(jobs):
+            meta, events, restarts, round_raw = replies[4 * i: 4 * i + 4]
+            view = JobView(job, scrollback=1)
+            view.apply_meta(meta or {})
+            for entry_id, fields in reversed(events or []):
+                ev = decode_event(entry_id, fields)
+                if ev is not None:
+                    view.apply_event(ev)
+            rnd = _round_info(round_raw)
+            nodes = len(view.active_nodes()) or (len(rnd.nodes) if rnd else 0)
+            world = view.world_size if view.world_size is not None else (
+                rnd.total_workers or None if rnd else None)
+            used = max(view.restarts_used, _int(restarts))
+            created = view.created_ms or int(score)
+            out.append(JobSummary(job, view.state, nodes, world, used, view.max_restarts,
+                                  created, max(0.0, (now_ms - created) / 1000.0)))
+        return out
+
+    async def job_exists(self) -> bool:
+        """True if the job is in the job index or has a meta hash or an event stream."""
+        k = self.keys
+        with self._errors():
+            pipe = self._client.pipeline(transaction=False)
+            pipe.zscore(JOBS_INDEX, k.job_id)
+            pipe.exists(k.meta, k.events)
+            score, count = await pipe.execute()
+        return score is not None or bool(count)
+
+    async def meta(self) -> dict[str, str]:
+        """The job's meta hash as strings, plus ``restarts_used`` (the job-wide restart
+        counter) when the hash has no such field and the counter exists."""
+        k = self.keys
+        with self._errors():
+            pipe = self._client.pipeline(transaction=False)
+            pipe.hgetall(k.meta)
+            pipe.get(k.restarts)
+            raw, restarts = await pipe.execute()
+        meta = {_s(a): _s(b) for a, b in (raw or {}).items()}
+        if restarts is not None:
+            meta.setdefault("restarts_used", _s(restarts))
+        return meta
+
+    async def resources(self) -> dict[int, dict[str, Any]]:
+        """Global rank -> the latest resource sample of that worker (malformed ones skipped)."""
+        with self._errors():
+            raw = await self._client.hgetall(self.keys.resources)
+        out: dict[int, dict[str, Any]] = {}
+        for rank, blob in (raw or {}).items():
+            try:
+                sample = json.loads(blob)
+                if isinstance(sample, dict):
+                    out[int(rank)] = sample
+            except (ValueError, TypeError):
+                continue
+        return out
+
+    # -- reading the streams -----------------------------------------------------------------
+    async def history(self, max_events: int = 10_000,
+                      max_log_entries_per_stream: int = 2_000) -> tuple[list[Event], list[LogBatch]]:
+        """The newest ``max_events`` events and the newest ``max_log_entries_per_stream``
+        entries of every log stream Redis still keeps, each list oldest first (log batches of
+        all nodes merged by stream id, i.e. server time). ``0`` log entries: none are read.
+
+        Sets the follow cursor to the newest id of every stream, so :meth:`follow` continues
+        exactly after what this returned (no gap, no duplicate).
+        """
+        k = self.keys
+        with self._errors():
+            pipe = self._client.pipeline(transaction=False)
+            pipe.xrevrange(k.events, count=max(1, max_events))
+            pipe.smembers(k.log_streams)
+            raw_events, raw_streams = await pipe.execute()
+            streams = sorted(_s(s) for s in raw_streams or ())
+            per_stream: list[Any] = []
+            if streams:
+                pipe = self._client.pipeline(transaction=False)
+                for s in streams:
+                    pipe.xrevrange(s, count=max(1, max_log_entries_per_stream))
+                per_stream = await pipe.execute()
+        self._last_ids[k.events] = _s(raw_events[0][0]) if raw_events else "0-0"
+        events = []
+        if max_events > 0:
+            for entry_id, fields in reversed(raw_events):
+                ev = decode_event(entry_id, fields)
+                if ev is not None:
+                    events.append(ev)
+        lists: list[list[LogBatch]] = []
+        for s, entries in zip(streams, per_stream):
+            self._last_ids[s] = _s(entries[0][0]) if entries else "0-0"
+            if max_log_entries_per_stream > 0:
+                batches = [b for b in (decode_log_batch(i, f) for i, f in reversed(entries)) if b]
+                lists.append(batches)
+        logs = list(heapq.merge(*lists, key=lambda b: _id_key(b.id))) if lists else []
+        return events, logs
+
+    async def _start_at_present(self) -> None:
+        """Cursor at the newest entry of every stream (explicit ids, never ``$``)."""
+        await self.history(max_events=1, max_log_entries_per_stream=0)
+
+    async def _refresh_streams(self) -> None:
+        for s in await self._client.smembers(self.keys.log_streams) or ():
+            # A stream found now may already hold entries written before we saw it.
+            self._last_ids.setdefault(_s(s), "0-0")
+
+    async def follow(self) -> AsyncIterator[Record]:
+        """Yield the job's events and log batches as they are written, forever.
+
+        Starts after :meth:`history` (or, without it, at the present). One ``XREAD BLOCK``
+        covers the event stream and every log stream; the set of log streams is re-read
+        after events that announce a node and at least every few seconds.
+
+        On a Redis outage yields ``ConnectionChange(False, why)`` once, reconnects with
+        backoff (50 ms doubling to 1 s), yields ``ConnectionChange(True, "")`` and continues
+        from the same ids. A refusal that is not an outage (e.g. ``NOPERM``) raises
+        :class:`RedisUnavailableError`.
+        """
+        k = self.keys
+        display = self.endpoint.display
+        connected = True
+        backoff = BACKOFF_START
+        next_refresh = 0.0
+        while True:
+            reply: Any = None
+            failure: BaseException | None = None
+            try:
+                if not connected:
+                    await self._reader.ping()
+            except _CONNECTION_ERRORS as exc:
+                failure = exc
+            else:
+                if not connected:
+                    connected, backoff, next_refresh = True, BACKOFF_START, 0.0
+                    yield ConnectionChange(True, "")
+                try:
+                    if k.events not in self._last_ids:
+                        await self._start_at_present()
+                    if time.monotonic() >= next_refresh:
+                        await self._refresh_streams()
+                        next_refresh = time.monotonic() + STREAMS_REFRESH_S
+                    reply = await self._reader.xread(dict(self._last_ids), count=READ_COUNT,
+                                                     block=BLOCK_MS)
+                except RedisUnavailableError as exc:
+                    failure = exc
+                except _CONNECTION_ERRORS as exc:
+                    failure = exc
+                except redis.RedisError as exc:  # NOPERM, WRONGTYPE...: waiting will not help
+                    raise explain_error(exc, display) from None
+            if failure is not None:
+                if connected:
+                    connected = False
+                    why = failure if isinstance(failure, RedisUnavailableError) else (
+                        explain_error(failure, display))
+                    yield ConnectionChange(False, str(why))
+                await asyncio.sleep(backoff)  # reconnection backoff: the only sleep here
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
+            for key, entries in reply or ():
+                stream = _s(key)
+                is_events = stream == k.events
+                for entry_id, fields in entries:
+                    eid = _s(entry_id)
+                    # Advance before yielding: a consumer that stops here resumes after it.
+                    self._last_ids[stream] = eid
+                    if is_events:
+                        ev = decode_event(eid, fields)
+                        if ev is None:
+                            continue
+                        if ev.type in _NEW_STREAM_EVENTS:
+                            next_refresh = 0.0
+                        yield ev
+                    else:
+                        batch = decode_log_batch(eid, fields)
+                        if batch is not None:
+                            yield batch
+
+    # -- commands ----------------------------------------------------------------------------
+    async def send_command(self, type: str, args: dict[str, Any] | None = None,
+                           target: str = "job") -> str:
+        """Append a command for every agent of the job; return its id (``c-<8 hex>``).
+
+        ``type`` is one of ``CommandType.ALL`` (``ValueError`` otherwise). The issuer is
+        ``user@host``. A user that may not write the stream gets a RedisUnavailableError
+        saying so.
+        """
+        if type not in CommandType.ALL:
+            raise ValueError(f"unknown command type {type!r}: use one of "
+                             f"{', '.join(sorted(CommandType.ALL))}")
+        cid = f"c-{uuid.uuid4().hex[:8]}"
+        cmd = Command(cid, type, _issuer(), target=str(target), args=dict(args or {}))
+        try:
+            entry = await self._client.xadd(self.keys.commands, encode_command(cmd),
+                                            maxlen=COMMANDS_MAXLEN, approximate=True)
+        except redis.ResponseError as exc:
+            if "NOPERM" in str(exc):
+                raise RedisUnavailableError(
+                    f"the Redis user on {self.endpoint.display} may not write the command "
+                    f"stream of job {self.keys.job_id} ({sanitize(str(exc))}): ask for write "
+                    "access to it, or watch the job read-only") from None
+            raise explain_error(exc, self.endpoint.display) from None
+        except (redis.RedisError, OSError) as exc:
+            raise explain_error(exc, self.endpoint.display) from None
+        self._sent[cid] = _s(entry)
+        return cid
+
+    async def active_nodes(self) -> dict[str, str]:
+        """node id -> host of the agents expected to answer a command now: the nodes of the
+        last ``rendezvous_complete`` minus those lost or left since (``JobView.active_nodes``
+        over the last few thousand events)."""
+        with self._errors():
+            raw = await self._client.xrevrange(self.keys.events, count=ACTIVE_NODES_EVENTS)
+        view = JobView(self.keys.job_id, scrollback=1)
+        for entry_id, fields in reversed(raw or []):
+            ev = decode_event(entry_id, fields)
+            if ev is not None:
+                view.apply_event(ev)
+        return view.active_nodes()
+
+    async def wait_acks(self, command_id: str, expected_nodes: int | None = None,
+                        timeout: float = 10.0,
+                        on_ack: Callable[[Ack], None] | None = None) -> list[Ack]:
+        """Collect the ``command_ack`` events of ``command_id`` (one per node), in arrival
+        order, until ``expected_nodes`` distinct nodes answered or ``timeout`` seconds passed.
+
+        Reads the event stream from the command's own server time onward (from the start for
+        a command this client did not send). ``expected_nodes`` defaults to
+        ``len(active_nodes())``. ``on_ack`` is called with each ack as it arrives.
+        """
+        k = self.keys
+        if expected_nodes is None:
+            expected_nodes = len(await self.active_nodes())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout)
+        sent = self._sent.get(command_id)
+        start = f"{_id_key(sent)[0]}-0" if sent else "0-0"
+        acks: dict[str, Ack] = {}
+
+        def take(entries: list[Any]) -> str | None:
+            last = None
+            for entry_id, fields in entries:
+                last = _s(entry_id)
+                ev = decode_event(last, fields)
+                if ev is None or ev.type != EventType.COMMAND_ACK:
+                    continue
+                d = ev.data
+                node = sanitize(ev.node)
+                if d.get("command_id") != command_id or node in acks:
+                    continue  # another command's ack, or a duplicated entry
+                ack = Ack(node, sanitize(str(d.get("host") or node)), sanitize(str(d.get("status"))),
+                          sanitize(str(d.get("reason", ""))), ev.server_ms)
+                acks[node] = ack
+                if on_ack is not None:
+                    on_ack(ack)
+            return last
+
+        with self._errors():
+            # Catch up with XRANGE (inclusive start), then block for what comes next.
+            last = None
+            while True:
+                entries = await self._client.xrange(k.events, min=start, max="+", count=READ_COUNT)
+                if not entries:
+                    break
+                last = take(entries) or last
+                if len(entries) < READ_COUNT:
+                    break
+                start = "(" + last  # exclusive: continue after the last entry read
+            last = last or ("0-0" if not sent else f"{max(0, _id_key(sent)[0] - 1)}-0")
+            while len(acks) < expected_nodes:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                reply = await self._reader.xread({k.events: last}, count=READ_COUNT,
+                                                 block=max(1, min(BLOCK_MS, int(left * 1000))))
+                for _, entries in reply or ():
+                    last = take(entries) or last
+        return list(acks.values())
+
+    async def can_write(self) -> tuple[bool, str]:
+        """Whether this Redis user may XADD to the job's command stream.
+
+        Asks ``ACL DRYRUN <user> XADD <commands> * v 1`` (Redis 7) for the user ``ACL WHOAMI``
+        names. When ACL is unsupported (Redis 6.2) or not permitted to this user, answers
+        ``(True, "")``: a refusal at send time then surfaces as a clear error.
+        """
+        key = self.keys.commands
+        try:
+            user = _s(await self._client.execute_command("ACL", "WHOAMI"))
+            reply = await self._client.execute_command("ACL", "DRYRUN", user, "XADD", key,
+                                                       "*", "v", "1")
+        except redis.ResponseError:
+            return True, ""
+        except _CONNECTION_ERRORS as exc:
+            raise explain_error(exc, self.endpoint.display) from None
+        if _s(reply) == "OK":
+            return True, ""
+        return False, (f"the Redis user '{sanitize(user)}' may not write the command stream "
+                       f"of job {self.keys.job_id} on {self.endpoint.display} "
+                       f"({sanitize(_s(reply))})")
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+def _s(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value) if value is not None else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    """A stream id as a sortable pair (ms, sequence)."""
+    ms, _, seq = entry_id.partition("-")
+    try:
+        return int(ms), int(seq or 0)
+    except ValueError:
+        return 0, 0
+
+
+def _round_info(raw: Any) -> RoundInfo | None:
+    if not raw:
+        return None
+    try:
+        return RoundInfo.decode(raw)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _issuer() -> str:
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no passwd entry and no $USER (some containers)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"

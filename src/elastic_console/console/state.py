@@ -1,0 +1,673 @@
+"""JobView: a pure fold of a job's records into what a console shows. No I/O, no Textual.
+
+Feed it whatever the client read, in any order and as often as you like: events
+(:meth:`JobView.apply_event`), log batches (:meth:`JobView.apply_logs`), resource samples
+(:meth:`JobView.apply_resources`), the job's meta hash (:meth:`JobView.apply_meta`) and the
+connection state (:meth:`JobView.set_connection`). Nothing it is given can make it raise:
+unknown event types, missing or mistyped fields and foreign records are ignored (counted in
+``ignored``). Every change bumps ``version``, so a UI redraws only when it moved.
+
+Derivation rules (a final job state is sticky: later events never reopen the job)
+
+==========================  ================================================================
+event                       effect
+==========================  ================================================================
+``node_joined``             node -> ``joined`` (host recorded)
+``node_left``               node -> ``left``
+``node_lost``               ``lost_node`` -> ``lost``
+``rendezvous_complete``     ``round``, ``world_size``; every node of the round -> ``joined``
+                            with its ``group_rank``; other nodes lose their group rank; ranks
+                            at or beyond the new world size are dropped (they no longer exist)
+``workers_started``         each listed rank -> ``running`` with node, host, local rank and
+                            pid; its start count goes up (``restarts`` = starts - 1); job ->
+                            ``running``; ``restarts_used`` = ``restart_count``
+``worker_exited``           exit code 0 -> rank ``exited``; nonzero or a signal while the
+                            agent was not ``stopping`` it -> ``failed`` (timeline entry with
+                            the traceback); while ``stopping`` -> ``stopped``. ``last_exit`` =
+                            the signal name, else the exit code. An exit whose pid is not the
+                            rank's current pid is stale and changes no state
+``workers_stopped``         each listed rank -> ``stopped`` unless it ``failed`` or ``exited``
+                            (the more precise outcome stays visible)
+``group_failed``            ``root_cause`` = its root cause (timeline detail: traceback)
+``restarting``              job -> ``restarting``; every rank -> ``restarting``;
+                            ``restarts_used``/``max_restarts`` from the event
+``job_succeeded``           job -> ``succeeded``
+``job_failed``              job -> ``failed``; ``root_cause`` from the event if it has one
+``job_stopped``             job -> ``stopped``
+``command_ack``             recorded for :meth:`JobView.acks_for` (one per node per command)
+``logs_dropped``            ``lines_dropped`` += count
+==========================  ================================================================
+
+The meta hash gives ``min_nodes``, ``max_nodes``, ``max_restarts``, ``created_ms`` and, for
+a job whose final events were trimmed away, ``final_state``.
+
+Duplicates: a retried XADD can write an entry twice (Redis 7 has no idempotent XADD).
+A log batch is a duplicate when its ``seq`` is not above the highest seen for the same
+``(node, rank, stream, attempt)``: the agent numbers a worker stream's batches in publish
+order and its publisher never reorders them. An event is a duplicate when the same node wrote
+the same type with the same data among the last few hundred events (events carry pids,
+timestamps or counters, so a genuine repeat is never identical; ``logs_dropped`` is exempt).
+
+Memory is bounded: ``scrollback`` lines per rank, ``all_scrollback`` lines in the interleaved
+all-ranks view (the same line objects, shared), a bounded timeline, bounded resource history.
+Text that came from the job (log lines, host names, messages) is passed through
+:func:`elastic_console.console.text.sanitize` on the way in, so everything this view holds is
+safe to show; render it with ``Text.from_ansi``, never as markup.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from elastic_console.agent.protocol import Event, EventType, LogBatch
+
+from .text import sanitize
+
+log = logging.getLogger(__name__)
+
+#: Job states.
+WAITING, RUNNING, RESTARTING = "waiting", "running", "restarting"
+FAILED, SUCCEEDED, STOPPED = "failed", "succeeded", "stopped"
+FINAL_STATES = frozenset({FAILED, SUCCEEDED, STOPPED})
+
+#: Rank states (plus RUNNING, RESTARTING, FAILED, STOPPED above).
+EXITED = "exited"
+
+#: Node states.
+JOINED, LOST, LEFT = "joined", "lost", "left"
+
+RESOURCE_HISTORY = 120  # samples kept per rank for sparklines (two minutes at 1 Hz)
+TIMELINE_LIMIT = 2000
+_EVENT_DEDUPE_WINDOW = 512
+_ACK_COMMANDS_LIMIT = 1000
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    """One agent (node) of the job. ``group_rank`` is None when it is in no completed round."""
+
+    host: str
+    status: str = JOINED  # joined | lost | left
+    group_rank: int | None = None
+    nproc: int = 0
+
+
+@dataclass(slots=True)
+class RankState:
+    """One global rank: where it runs, how it is, what it costs."""
+
+    rank: int
+    host: str = ""
+    node: str = ""
+    local_rank: int | None = None
+    pid: int | None = None
+    state: str = RUNNING  # running | restarting | failed | exited | stopped
+    restarts: int = 0  # times this rank was started, minus 1
+    last_exit: int | str | None = None  # exit code, or the signal's name ("SIGKILL")
+    cpu: float | None = None  # percent of one core, the worker's whole process tree
+    rss: int | None = None  # bytes
+    threads: int | None = None
+    last_line_ms: int = 0  # server ms of its last log line
+    cpu_history: deque[float] = field(default_factory=lambda: deque(maxlen=RESOURCE_HISTORY))
+    rss_history: deque[int] = field(default_factory=lambda: deque(maxlen=RESOURCE_HISTORY))
+    starts: int = 0
+    sample_ts: float | None = None  # the last sample's own timestamp: a repeat is not new
+
+
+class LogLine(NamedTuple):
+    """One line of a worker's output. ``text`` is already sanitized (SGR kept)."""
+
+    server_ms: int
+    rank: int
+    stream: str  # 'out' | 'err'
+    text: str
+
+
+class TimelineEntry(NamedTuple):
+    """One thing that happened to the job, in server time. ``detail``: e.g. a traceback."""
+
+    server_ms: int
+    kind: str  # rendezvous | node | failure | group_failed | restart | ack | job | logs
+    text: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ConnectionChange:
+    """A record from the client's ``follow``: Redis went away (with why) or came back."""
+
+    connected: bool
+    error: str = ""
+
+
+class BatchDeduper:
+    """Recognises a log batch already seen (a retried XADD wrote it twice).
+
+    Keeps the highest ``seq`` per ``(node, rank, stream, attempt)``; a batch at or below it is
+    a repeat. Batches without a sequence number (``seq <= 0``) are never called repeats.
+    Bounded: past ``limit`` keys the oldest half (oldest attempts) is forgotten.
+    """
+
+    __slots__ = ("_last", "limit")
+
+    def __init__(self, limit: int = 65_536) -> None:
+        self._last: dict[tuple[str, int, str, int], int] = {}
+        self.limit = limit
+
+    def seen(self, batch: LogBatch) -> bool:
+        """True if ``batch`` repeats one seen before; else remember it and return False."""
+        seq = batch.seq
+        if seq <= 0:
+            return False
+        key = (batch.node, batch.rank, batch.stream, batch.attempt)
+        last = self._last.get(key, 0)
+        if seq <= last:
+            return True
+        self._last[key] = seq
+        if len(self._last) > self.limit:
+            for k in list(self._last)[: self.limit // 2]:  # dicts keep insertion order
+                del self._last[k]
+        return False
+
+
+_new_line = tuple.__new__  # builds a LogLine without NamedTuple's argument parsing (2x faster)
+
+
+class JobView:
+    """Everything a console shows about one job, folded from its records (see the module doc).
+
+    ``scrollback`` lines are kept per rank; ``all_scrollback`` (default 4x ``scrollback``) in
+    ``all_logs``, every rank interleaved in arrival order. ``lines_total`` counts every line
+    ever appended to ``all_logs``: a UI that remembers it knows how many lines are new.
+    """
+
+    def __init__(self, job_id: str, scrollback: int = 10_000, *, all_scrollback: int | None = None,
+                 timeline_limit: int = TIMELINE_LIMIT) -> None:
+        self.job_id = job_id
+        self.scrollback = max(1, int(scrollback))
+        self.all_scrollback = max(1, int(all_scrollback or 4 * self.scrollback))
+        # -- header
+        self.state: str = WAITING
+        self.round: int | None = None
+        self.nodes: dict[str, NodeInfo] = {}
+        self.min_nodes: int | None = None
+        self.max_nodes: int | None = None
+        self.world_size: int | None = None
+        self.restarts_used: int = 0
+        self.max_restarts: int | None = None
+        self.root_cause: dict[str, Any] | None = None
+        self.created_ms: int | None = None
+        self.connected: bool = False
+        self.endpoint: str = ""
+        self.connection_error: str = ""
+        self.last_event_ms: int = 0
+        # -- ranks, timeline, logs
+        self.ranks: dict[int, RankState] = {}
+        self.timeline: deque[TimelineEntry] = deque(maxlen=timeline_limit)
+        self.logs: dict[int, deque[LogLine]] = {}
+        self.all_logs: deque[LogLine] = deque(maxlen=self.all_scrollback)
+        self.lines_total: int = 0
+        self.lines_dropped: int = 0
+        # -- bookkeeping
+        self.version: int = 0
+        self.ignored: int = 0  # malformed or foreign records skipped
+        self._round_nodes: list[str] = []  # node ids of the last completed round
+        self._acks: dict[str, dict[str, tuple[str, str, str]]] = {}
+        self._dedupe = BatchDeduper()
+        self._recent_events: deque[tuple[str, str, str]] = deque()
+        self._recent_set: set[tuple[str, str, str]] = set()
+
+    # -- queries ---------------------------------------------------------------------------
+    @property
+    def is_final(self) -> bool:
+        """True once the job succeeded, failed or was stopped."""
+        return self.state in FINAL_STATES
+
+    def acks_for(self, command_id: str) -> list[tuple[str, str, str]]:
+        """``(node, status, reason)`` of every ack of ``command_id`` seen, in arrival order."""
+        return list(self._acks.get(command_id, {}).values())
+
+    def active_nodes(self) -> dict[str, str]:
+        """node id -> host of the agents expected to answer a command now: the nodes of the
+        last completed round that were not lost and did not leave since (before any round
+        completed: every node that joined and is still there)."""
+        ids = self._round_nodes or list(self.nodes)
+        return {n: self.nodes[n].host for n in ids
+                if n in self.nodes and self.nodes[n].status == JOINED}
+
+    def logs_for(self, rank: int) -> deque[LogLine]:
+        """The scrollback of one rank, oldest first (empty if it never printed)."""
+        return self.logs.get(rank) or deque()
+
+    def tail(self, n: int, rank: int | None = None, stream: str | None = None) -> list[LogLine]:
+        """The last ``n`` lines of one rank (or all ranks interleaved), optionally one stream."""
+        source = self.all_logs if rank is None else self.logs_for(rank)
+        if n <= 0:
+            return []
+        out: list[LogLine] = []
+        for line in reversed(source):
+            if stream is None or line.stream == stream:
+                out.append(line)
+                if len(out) >= n:
+                    break
+        out.reverse()
+        return out
+
+    # -- inputs ----------------------------------------------------------------------------
+    def set_connection(self, connected: bool, endpoint_display: str, error: str = "") -> None:
+        """Record whether the client reaches Redis (``endpoint_display``: password-free)."""
+        error = sanitize(str(error)) if not connected else ""
+        if (connected, endpoint_display, error) != (self.connected, self.endpoint,
+                                                   self.connection_error):
+            self.connected, self.endpoint, self.connection_error = (
+                bool(connected), str(endpoint_display), error)
+            self.version += 1
+
+    def apply(self, record: object) -> None:
+        """Dispatch any record the client yields (Event, LogBatch, ConnectionChange)."""
+        if isinstance(record, Event):
+            self.apply_event(record)
+        elif isinstance(record, LogBatch):
+            self.apply_logs(record)
+        elif isinstance(record, ConnectionChange):
+            self.set_connection(record.connected, self.endpoint, record.error)
+        else:
+            self.ignored += 1
+
+    def apply_meta(self, meta: Mapping[Any, Any]) -> None:
+        """Fold the job's meta hash (bytes or str keys and values)."""
+        try:
+            m = {_s(k): _s(v) for k, v in dict(meta).items()}
+        except (TypeError, ValueError, AttributeError):
+            self.ignored += 1
+            return
+        self.min_nodes = _int(m.get("min_nodes"), self.min_nodes)
+        self.max_nodes = _int(m.get("max_nodes"), self.max_nodes)
+        self.max_restarts = _int(m.get("max_restarts"), self.max_restarts)
+        self.created_ms = _int(m.get("created_ms"), self.created_ms)
+        used = _int(m.get("restarts_used"), None)
+        if used is not None:
+            self.restarts_used = max(self.restarts_used, used)
+        final = m.get("final_state")
+        if final in FINAL_STATES and not self.is_final:
+            self.state = final
+        self.version += 1
+
+    def apply_events(self, events: Iterable[Event]) -> None:
+        """:meth:`apply_event` for each event, in order."""
+        for ev in events:
+            self.apply_event(ev)
+
+    def apply_event(self, ev: Event) -> None:
+        """Fold one event (see the rules in the module docstring). Never raises."""
+        try:
+            if not isinstance(ev, Event) or not isinstance(ev.data, dict):
+                self.ignored += 1
+                return
+            handler = self._HANDLERS.get(ev.type)
+            if handler is None:
+                self.ignored += 1
+                return
+            if ev.type != EventType.LOGS_DROPPED and self._is_repeat(ev):
+                return
+            self.last_event_ms = max(self.last_event_ms, ev.server_ms)
+            handler(self, ev, sanitize(ev.node), ev.data)
+        except Exception as exc:  # bad data must never take the console down
+            log.debug("ignored malformed %s event %s: %r", getattr(ev, "type", "?"),
+                      getattr(ev, "id", "?"), exc)
+            self.ignored += 1
+        self.version += 1
+
+    def apply_logs(self, batch: LogBatch) -> None:
+        """Append a batch's lines to its rank and to the interleaved view: O(lines)."""
+        try:
+            rank, lines, stream = batch.rank, batch.lines, batch.stream
+            if type(rank) is not int or not isinstance(lines, list):
+                self.ignored += 1
+                return
+            if self._dedupe.seen(batch):
+                return
+            ms = batch.server_ms
+            made = [_new_line(LogLine, (ms, rank, stream, text))
+                    for text in map(sanitize, lines)]
+        except Exception:
+            self.ignored += 1
+            return
+        dq = self.logs.get(rank)
+        if dq is None:
+            dq = self.logs[rank] = deque(maxlen=self.scrollback)
+        dq.extend(made)
+        self.all_logs.extend(made)
+        self.lines_total += len(made)
+        rs = self.ranks.get(rank)
+        if rs is None and (self.world_size is None or 0 <= rank < self.world_size):
+            # Lines can arrive before the workers_started event (different streams).
+            rs = self.ranks[rank] = RankState(rank, node=sanitize(str(batch.node)),
+                                              local_rank=_int(batch.local_rank, None))
+            rs.host = self._host_of(rs.node)
+        if rs is not None and ms > rs.last_line_ms:
+            rs.last_line_ms = ms
+        self.version += 1
+
+    def apply_resources(self, samples: Mapping[Any, Any]) -> None:
+        """Fold the latest resource sample per rank (``{rank: {cpu, rss, threads, pid, ts}}``)."""
+        changed = False
+        try:
+            items = list(dict(samples).items())
+        except (TypeError, ValueError, AttributeError):
+            self.ignored += 1
+            return
+        for key, sample in items:
+            rank = _int(key, None)
+            if rank is None or not isinstance(sample, Mapping):
+                self.ignored += 1
+                continue
+            rs = self.ranks.get(rank)
+            if rs is None:
+                if self.world_size is not None and not 0 <= rank < self.world_size:
+                    continue  # a sample left behind by a rank that no longer exists
+                rs = self.ranks[rank] = RankState(rank)
+                rs.node = sanitize(str(sample.get("node", "")))
+                rs.host = self._host_of(rs.node)
+            ts = _float(sample.get("ts"), None)
+            if ts is not None and ts == rs.sample_ts:
+                continue  # the same sample again (a dead worker's last one stays in Redis)
+            rs.sample_ts = ts
+            cpu, rss = _float(sample.get("cpu"), None), _int(sample.get("rss"), None)
+            rs.threads = _int(sample.get("threads"), rs.threads)
+            if cpu is not None:
+                rs.cpu = cpu
+                rs.cpu_history.append(cpu)
+            if rss is not None:
+                rs.rss = rss
+                rs.rss_history.append(rss)
+            changed = True
+        if changed:
+            self.version += 1
+
+    # -- event handlers --------------------------------------------------------------------
+    def _is_repeat(self, ev: Event) -> bool:
+        fp = (ev.type, ev.node, json.dumps(ev.data, sort_keys=True, default=str))
+        if fp in self._recent_set:
+            return True
+        self._recent_set.add(fp)
+        self._recent_events.append(fp)
+        if len(self._recent_events) > _EVENT_DEDUPE_WINDOW:
+            self._recent_set.discard(self._recent_events.popleft())
+        return False
+
+    def _note(self, ev: Event, kind: str, text: str, detail: Any = "") -> None:
+        self.timeline.append(TimelineEntry(ev.server_ms, kind, sanitize(text),
+                                           _detail(detail)))
+
+    def _node(self, node_id: str, host: Any = None) -> NodeInfo:
+        info = self.nodes.get(node_id)
+        if info is None:
+            info = self.nodes[node_id] = NodeInfo(host=_host(host, node_id))
+        elif host:
+            info.host = sanitize(str(host))
+        return info
+
+    def _host_of(self, node_id: str) -> str:
+        info = self.nodes.get(node_id)
+        return info.host if info else _host(None, node_id)
+
+    def _on_node_joined(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        info = self._node(node, d.get("host"))
+        info.status = JOINED
+        info.nproc = _int(d.get("nproc"), info.nproc) or 0
+        self._note(ev, "node", f"node {info.host} joined ({node})")
+
+    def _on_node_left(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        info = self._node(node, d.get("host"))
+        info.status = LEFT
+        reason = d.get("reason")
+        self._note(ev, "node", f"node {info.host} left" + (f": {reason}" if reason else ""))
+
+    def _on_node_lost(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        lost = d.get("lost_node")
+        if not isinstance(lost, str) or not lost:
+            self.ignored += 1
+            return
+        lost = sanitize(lost)
+        info = self._node(lost, d.get("host"))
+        info.status = LOST
+        self._note(ev, "node", f"node {info.host} lost: its heartbeats stopped ({lost})")
+
+    def _on_rendezvous_complete(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        self.round = _int(d.get("round"), self.round)
+        world = _int(d.get("world_size"), None)
+        members: list[str] = []
+        lines = []
+        for n in d.get("nodes") or []:
+            if not isinstance(n, dict) or not isinstance(n.get("node"), str):
+                continue
+            member = sanitize(n["node"])
+            info = self._node(member, n.get("host"))
+            info.status = JOINED
+            info.group_rank = _int(n.get("group_rank"), None)
+            info.nproc = _int(n.get("nproc"), info.nproc) or 0
+            members.append(member)
+            lines.append(f"group rank {info.group_rank}: {info.host} ({member})")
+        for node_id, info in self.nodes.items():
+            if node_id not in members:
+                info.group_rank = None
+        self._round_nodes = members
+        if world is not None and world >= 0:
+            self.world_size = world
+            for rank in [r for r in self.ranks if r >= world]:
+                del self.ranks[rank]
+        self._note(ev, "rendezvous", f"round {self.round} complete: {len(members)} node"
+                   f"{'' if len(members) == 1 else 's'}, world size {self.world_size}",
+                   "\n".join(lines))
+
+    def _on_workers_started(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        ranks = d.get("ranks") or []
+        local = d.get("local_ranks") or []
+        pids = d.get("pids") or []
+        host = sanitize(str(d["host"])) if d.get("host") else self._host_of(node)
+        self._node(node, d.get("host"))
+        for i, r in enumerate(ranks):
+            rank = _int(r, None)
+            if rank is None:
+                continue
+            rs = self.ranks.get(rank)
+            if rs is None:
+                rs = self.ranks[rank] = RankState(rank)
+            rs.node, rs.host, rs.state = node, host, RUNNING
+            rs.local_rank = _int(local[i], None) if i < len(local) else None
+            rs.pid = _int(pids[i], None) if i < len(pids) else None
+            rs.starts += 1
+            rs.restarts = rs.starts - 1
+        used = _int(d.get("restart_count"), None)
+        if used is not None:
+            self.restarts_used = used
+        if not self.is_final:
+            self.state = RUNNING
+
+    def _on_worker_exited(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        rank = _int(d.get("rank"), None)
+        if rank is None:
+            self.ignored += 1
+            return
+        code = d.get("exit_code")
+        sig = d.get("signal")
+        failed = bool(sig) or (code not in (0, None))
+        rs = self.ranks.get(rank)
+        pid = _int(d.get("pid"), None)
+        stale = rs is not None and rs.pid is not None and pid is not None and pid != rs.pid
+        if rs is None:
+            rs = self.ranks[rank] = RankState(rank, node=node, pid=pid)
+            rs.host = self._host_of(node)
+        if not stale:
+            rs.last_exit = sanitize(str(sig)) if sig else _int(code, None)
+            if d.get("stopping"):
+                rs.state = STOPPED
+            else:
+                rs.state = FAILED if failed else EXITED
+        if failed and not d.get("stopping"):
+            host = sanitize(str(d.get("host") or self._host_of(node)))
+            what = d.get("message") or (f"signal {sig}" if sig else f"exit code {code}")
+            self._note(ev, "failure", f"rank {rank} failed on {host}: {what}",
+                       _traceback(d.get("error_file")) or what)
+
+    def _on_workers_stopped(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        for r in d.get("ranks") or []:
+            rs = self.ranks.get(_int(r, -1))
+            if rs is not None and rs.state not in (FAILED, EXITED):
+                rs.state = STOPPED
+
+    def _on_group_failed(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        cause = d.get("root_cause")
+        if isinstance(cause, dict):
+            self.root_cause = cause
+        self._note(ev, "group_failed", "worker group failed: " + _cause_text(cause),
+                   _cause_detail(cause))
+
+    def _on_restarting(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        self.restarts_used = _int(d.get("restarts_used"), self.restarts_used) or 0
+        self.max_restarts = _int(d.get("max_restarts"), self.max_restarts)
+        if not self.is_final:
+            self.state = RESTARTING
+        for rs in self.ranks.values():
+            rs.state = RESTARTING
+        reason = d.get("reason") or "?"
+        text = f"restarting ({reason}): {self.restarts_used}/{_q(self.max_restarts)} restarts used"
+        if d.get("command_id"):
+            text += f", command {d['command_id']}"
+        self._note(ev, "restart", text)
+
+    def _on_job_end(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        final = {EventType.JOB_SUCCEEDED: SUCCEEDED, EventType.JOB_FAILED: FAILED,
+                 EventType.JOB_STOPPED: STOPPED}[ev.type]
+        self.restarts_used = _int(d.get("restarts_used"), self.restarts_used) or 0
+        self.max_restarts = _int(d.get("max_restarts"), self.max_restarts)
+        if not self.is_final:
+            self.state = final
+        if final == FAILED:
+            cause = d.get("root_cause")
+            if isinstance(cause, dict):
+                self.root_cause = cause
+            self._note(ev, "job", f"job failed after {self.restarts_used} restarts: "
+                       + _cause_text(self.root_cause), _cause_detail(self.root_cause))
+        elif final == STOPPED:
+            self._note(ev, "job", f"job stopped by {d.get('issuer', '?')} "
+                       f"(command {d.get('command_id', '?')})")
+        else:
+            self._note(ev, "job", f"job succeeded ({self.restarts_used} restarts used)")
+
+    def _on_command_ack(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        cid = d.get("command_id")
+        if not isinstance(cid, str):
+            self.ignored += 1
+            return
+        status = sanitize(str(d.get("status", "?")))
+        reason = sanitize(str(d.get("reason", "")))
+        acks = self._acks.setdefault(cid, {})
+        if node in acks:
+            return  # exactly one ack per agent per command: a second one is a repeat
+        acks[node] = (node, status, reason)
+        if len(self._acks) > _ACK_COMMANDS_LIMIT:
+            del self._acks[next(iter(self._acks))]
+        host = d.get("host") or self._host_of(node)
+        self._note(ev, "ack", f"command {cid} {status} by {host}" + (f": {reason}" if reason else ""))
+
+    def _on_logs_dropped(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        count = _int(d.get("count"), 0) or 0
+        self.lines_dropped += count
+        self._note(ev, "logs", f"{count} log lines dropped on {self._host_of(node)} "
+                   "(its buffer overflowed while Redis was unreachable)")
+
+    _HANDLERS = {
+        EventType.NODE_JOINED: _on_node_joined,
+        EventType.NODE_LEFT: _on_node_left,
+        EventType.NODE_LOST: _on_node_lost,
+        EventType.RENDEZVOUS_COMPLETE: _on_rendezvous_complete,
+        EventType.WORKERS_STARTED: _on_workers_started,
+        EventType.WORKER_EXITED: _on_worker_exited,
+        EventType.WORKERS_STOPPED: _on_workers_stopped,
+        EventType.GROUP_FAILED: _on_group_failed,
+        EventType.RESTARTING: _on_restarting,
+        EventType.JOB_SUCCEEDED: _on_job_end,
+        EventType.JOB_FAILED: _on_job_end,
+        EventType.JOB_STOPPED: _on_job_end,
+        EventType.COMMAND_ACK: _on_command_ack,
+        EventType.LOGS_DROPPED: _on_logs_dropped,
+    }
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+def _s(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _int(value: Any, default: int | None) -> int | None:
+    if isinstance(value, bool):  # True is an int to Python, not to the protocol
+        return default
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return default
+
+
+def _float(value: Any, default: float | None) -> float | None:
+    if isinstance(value, bool):
+        return default
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _q(value: Any) -> str:
+    return "?" if value is None else str(value)
+
+
+def _host(host: Any, node_id: str) -> str:
+    if host:
+        return sanitize(str(host))
+    # Node ids are "<host>-<pid>-<random>": the host is the best guess we have.
+    return sanitize(node_id.rsplit("-", 2)[0] if node_id.count("-") >= 2 else node_id)
+
+
+def _detail(value: Any) -> str:
+    if not value:
+        return ""
+    return "\n".join(sanitize(line) for line in str(value).splitlines())
+
+
+def _traceback(error_file: Any) -> str | None:
+    """The Python traceback in torch's ``@record`` error file, if there is one."""
+    if not isinstance(error_file, dict):
+        return None
+    msg = error_file.get("message")
+    if isinstance(msg, dict):
+        extra = msg.get("extraInfo")
+        if isinstance(extra, dict) and extra.get("py_callstack"):
+            return str(extra["py_callstack"])
+    return None
+
+
+def _cause_text(cause: Any) -> str:
+    if not isinstance(cause, dict):
+        return "cause unknown"
+    where = f"rank {_q(cause.get('rank'))}"
+    if cause.get("host"):
+        where += f" on {cause['host']}"
+    what = cause.get("message") or (
+        f"signal {cause['signal']}" if cause.get("signal") else f"exit code {_q(cause.get('exit_code'))}")
+    return f"{where}: {what}"
+
+
+def _cause_detail(cause: Any) -> str:
+    if not isinstance(cause, dict):
+        return ""
+    return str(cause.get("traceback") or cause.get("message") or "")
