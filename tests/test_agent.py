@@ -98,6 +98,7 @@ def test_lost_node_the_others_reform_and_finish_without_orphans(redis_url, r, jo
     assert codes == [0, 0], "\n".join(a.output[-3000:] for a in agents[:2])
     lost = of_type(r, job_id, EventType.NODE_LOST)
     assert len(lost) == 1
+    assert [e.data["reason"] for e in of_type(r, job_id, EventType.RESTARTING)] == ["membership"]
     rounds = of_type(r, job_id, EventType.RENDEZVOUS_COMPLETE)
     assert rounds[-1].data["world_size"] == 2
     assert r.get(JobKeys(job_id).restarts) in (None, b"0"), "a lost node must not spend a restart"
@@ -309,6 +310,7 @@ def test_a_node_joining_below_max_reforms_without_spending_a_restart(redis_url, 
     rounds = of_type(r, job_id, EventType.RENDEZVOUS_COMPLETE)
     assert [e.data["world_size"] for e in rounds] == [1, 2]
     assert r.get(JobKeys(job_id).restarts) in (None, b"0")
+    assert [e.data["reason"] for e in of_type(r, job_id, EventType.RESTARTING)] == ["membership"]
     started = of_type(r, job_id, EventType.WORKERS_STARTED)
     assert sorted(started[-1].data["ranks"] + started[-2].data["ranks"]) == [0, 1]
 

@@ -60,6 +60,8 @@ T = TypeVar("T")
 
 _OUTAGE = (redis.ConnectionError, redis.TimeoutError, OSError, RendezvousConnectionError)
 
+_NEWER_ROUND = "another node opened a new round"
+
 EXIT_STOPPED = 143  # a stop command: the conventional status of a terminated process
 
 # Claims the restart of one failed round, once across the job, and counts it.
@@ -299,6 +301,7 @@ class ElasticAgent:
         data["attempt"] = self._attempt
         data["round"] = self._round.result.round if self._round else None
         data["host"] = self.host
+        data["error_file_path"] = e.error_file_path
         if data.get("error_file"):
             data["error_file"] = _truncate_json(data["error_file"], 64 * 1024)
         self.events.emit(EventType.WORKER_EXITED, **data)
@@ -360,7 +363,7 @@ class ElasticAgent:
                 if m.closed:
                     return Outcome.CLOSED, None
                 if m.round > my_round:
-                    return Outcome.REFORM, "another node opened a new round"
+                    return Outcome.REFORM, _NEWER_ROUND
                 if self.rdzv.waiting_count(m, include_lost=not in_grace) > 0:
                     why = []
                     if m.lost and not in_grace:
@@ -392,7 +395,11 @@ class ElasticAgent:
             return await self._on_failure(detail)
         if outcome == Outcome.REFORM:
             self.say(f"re-forming the worker group: {detail}")
-            await self._note_remote_restart()
+            if detail != _NEWER_ROUND and await self._claim(
+                    f"reform_claim:{self._round.result.round}"):
+                self.events.emit(EventType.RESTARTING, reason="membership", detail=detail,
+                                 restarts_used=self._restarts_used,
+                                 max_restarts=self.cfg.max_restarts)
             return None
         if outcome == Outcome.RESTART:
             cmd: Command = detail
@@ -434,10 +441,6 @@ class ElasticAgent:
                              max_restarts=self.cfg.max_restarts)
         self.say(f"worker group failed ({cause.get('message', '?') if cause else '?'}); "
                  f"restarting ({used}/{self.cfg.max_restarts} restarts used)")
-        return None
-
-    async def _note_remote_restart(self) -> None:
-        # Another node's failure: it claimed and announced the restart. Nothing to count.
         return None
 
     async def _root_cause(self, res: GroupResult) -> dict[str, Any]:
@@ -526,6 +529,11 @@ class ElasticAgent:
                 if ev is not None and ev.type in (EventType.JOB_FAILED, EventType.GROUP_FAILED):
                     return ev.data.get("root_cause")
         return None
+
+    async def _claim(self, field: str) -> bool:
+        """True for exactly one agent of the job per ``field``: the one that reports it."""
+        return bool(await self._redis("claiming " + field, lambda: self._client.hsetnx(
+            self.keys.meta, field, 1)))
 
     async def _claim_final(self, state: str) -> bool:
         return bool(await self._redis("recording the job's end", lambda: self._client.hsetnx(
