@@ -6,24 +6,17 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+
+from tests.waiting import wait_until  # noqa: F401 - re-exported for the agent tests
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 AGENT = [sys.executable, "-m", "elastic_console.agent.cli"]
 
-
-def wait_until(cond: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.02)
 
 
 class Agent:

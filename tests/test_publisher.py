@@ -6,7 +6,6 @@ import asyncio
 import time
 import tracemalloc
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 import redis
@@ -15,20 +14,9 @@ from elastic_console.agent.connection import make_async_client, make_client
 from elastic_console.agent.protocol import JobKeys, stream_id_ms
 from elastic_console.agent.publisher import StreamPublisher
 from elastic_console.agent.standalone import RedisServer, free_port
+from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.asyncio
-
-
-async def wait_until(predicate: Callable[[], Any], timeout: float = 5.0,
-                     what: str = "condition") -> Any:
-    """Poll a condition with a deadline (the tests' only use of sleep)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"{what} not reached within {timeout} s")
 
 
 def marker_factory(key: str) -> Callable[[int], tuple[str, dict[str, str]]]:
@@ -93,7 +81,7 @@ async def test_publish_never_raises_without_redis(job_id: str) -> None:
     await pub.start()
     for i in range(1, 100):
         pub.publish(key, {"i": str(i)}, maxlen=10)
-    await wait_until(lambda: pub.stats().retries > 0, what="a failed send")
+    await wait_until_async(lambda: pub.stats().retries > 0, what="a failed send")
     assert not pub.connected and pub.buffered == 100
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(pub.flush(), 0.2)
@@ -117,16 +105,16 @@ async def test_outage_replays_everything_in_order(private_redis: RedisServer,
 
     task = asyncio.create_task(producer())
     try:
-        await wait_until(lambda: pub.sent > 50, what="records sent before the outage")
+        await wait_until_async(lambda: pub.sent > 50, what="records sent before the outage")
         # Everything published from here on can only reach the restarted server.
         first_after_kill = published
         private_redis.kill()
-        await wait_until(lambda: not pub.connected, what="outage noticed")
-        await wait_until(lambda: published > first_after_kill + 200, what="publishing on")
+        await wait_until_async(lambda: not pub.connected, what="outage noticed")
+        await wait_until_async(lambda: published > first_after_kill + 200, what="publishing on")
         assert pub.buffered > 0
         await asyncio.to_thread(private_redis.start)
-        await wait_until(lambda: pub.connected, timeout=5, what="reconnected")
-        await wait_until(lambda: published > first_after_kill + 400, what="publishing on")
+        await wait_until_async(lambda: pub.connected, timeout=5, what="reconnected")
+        await wait_until_async(lambda: published > first_after_kill + 400, what="publishing on")
     finally:
         stop.set()
         await task
@@ -162,7 +150,7 @@ async def test_overflow_leaves_one_marker_with_the_count(private_redis: RedisSer
                 pub.publish(key, {"keep": "yes"}, maxlen=100_000, droppable=False)
             assert pub.buffered <= 101 + 1  # the bound (+ the pending marker)
         retries = pub.stats().retries
-        await wait_until(lambda r=retries: pub.stats().retries > r, what="a failed retry")
+        await wait_until_async(lambda r=retries: pub.stats().retries > r, what="a failed retry")
         assert not pub.connected
     assert pub.dropped == n + 1 - 100
     await asyncio.to_thread(private_redis.start)

@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -23,14 +23,7 @@ from elastic_console.agent.rendezvous import (
     RendezvousTimeoutError,
 )
 from elastic_console.agent.standalone import free_port
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+from tests.waiting import wait_until
 
 
 class Nodes:

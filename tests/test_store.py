@@ -20,17 +20,7 @@ from elastic_console.agent.store import (
     barrier,
     synchronize,
 )
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
-    """Poll a condition with a deadline (the tests' only use of sleep)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.005)
-    raise AssertionError(f"{what} not reached within {timeout} s")
+from tests.waiting import wait_until
 
 
 def blocked_xreads(r: redis.Redis) -> int:

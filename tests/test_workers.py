@@ -11,7 +11,6 @@ import signal
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from elastic_console.agent.workers import (
     error_file_path,
     worker_env,
 )
+from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.asyncio
 
@@ -49,25 +49,13 @@ def alive(pid: int) -> bool:
         return False
 
 
-async def wait_until(predicate: Callable[[], Any], timeout: float = 10.0,
-                     what: str = "condition") -> Any:
-    """Poll a condition with a deadline (the tests' only use of sleep)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"{what} not reached within {timeout} s")
-
-
 def stdout_of(tmp_path: Path, rank: int, attempt: int = 0) -> str:
     path = tmp_path / f"attempt_{attempt}" / str(rank) / "stdout.log"
     return path.read_text(errors="replace") if path.exists() else ""
 
 
 async def wait_for_output(tmp_path: Path, local_rank: int, text: str) -> str:
-    return await wait_until(lambda: text in stdout_of(tmp_path, local_rank) and
+    return await wait_until_async(lambda: text in stdout_of(tmp_path, local_rank) and
                             stdout_of(tmp_path, local_rank), what=f"{text!r} from the worker")
 
 
@@ -275,7 +263,7 @@ async def test_error_file_message(tmp_path: Path) -> None:
     async with g as group:
         await group.start(assignment(2))
         result = await asyncio.wait_for(group.wait(), 10)
-        await wait_until(lambda: len(g.exits) == 2, what="both exits")
+        await wait_until_async(lambda: len(g.exits) == 2, what="both exits")
     first = result.failures[0]
     assert first.message == "ValueError: boom"
     assert first.error_file is not None
@@ -398,7 +386,7 @@ async def test_stop_leaves_no_process_behind(tmp_path: Path) -> None:
         (info,) = await group.start(assignment())
         # Whole lines only: with -u a print is several writes.
         pattern = re.compile(r"^(grandchild|daemon) (\d+)$", re.M)
-        await wait_until(lambda: len(pattern.findall(stdout_of(tmp_path, 0))) == 2
+        await wait_until_async(lambda: len(pattern.findall(stdout_of(tmp_path, 0))) == 2
                          and "worker ready\n" in stdout_of(tmp_path, 0),
                          what="the process tree")
         pids = {name: int(pid) for name, pid in pattern.findall(stdout_of(tmp_path, 0))}
