@@ -34,12 +34,15 @@ class EventSink:
         self._publisher = publisher
         self._key = JobKeys(job_id).events
         self.node_id = node_id
+        self._seq = 0
 
     def emit(self, event_type: str, **data: Any) -> None:
         if event_type not in EventType.ALL:
             raise ValueError(f"unknown event type {event_type!r}")
-        self._publisher.publish(self._key, protocol.encode_event(event_type, self.node_id, data),
-                                protocol.EVENTS_MAXLEN, droppable=False)
+        self._seq += 1
+        self._publisher.publish(
+            self._key, protocol.encode_event(event_type, self.node_id, data, self._seq),
+            protocol.EVENTS_MAXLEN, droppable=False)
 
 
 class ResourceSampler:

@@ -215,18 +215,25 @@ class Event:
     data: dict[str, Any]
     id: str = ""
     version: int = PROTOCOL_VERSION
+    seq: int = 0  # per writing node, from 1; 0 when absent. (node, seq) repeats = a duplicate
 
     @property
     def server_ms(self) -> int:
         return stream_id_ms(self.id)
 
 
-def encode_event(event_type: str, node: str, data: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """Encode an event as stream fields: ``v``, ``type``, ``node`` and ``data`` (JSON)."""
+def encode_event(event_type: str, node: str, data: Mapping[str, Any] | None = None,
+                 seq: int = 0) -> dict[str, str]:
+    """Encode an event as stream fields: ``v``, ``type``, ``node``, ``seq`` and ``data`` (JSON).
+
+    ``seq`` numbers the writing node's events from 1, so a reader can drop the duplicate a
+    retried XADD may leave (Redis 7 has no idempotent XADD).
+    """
     return {
         "v": str(PROTOCOL_VERSION),
         "type": event_type,
         "node": node,
+        "seq": str(seq),
         "data": json.dumps(dict(data or {}), separators=(",", ":"), default=str),
     }
 
@@ -238,11 +245,12 @@ def decode_event(entry_id: str | bytes, fields: Mapping[Any, Any]) -> Event | No
         version = int(f.get("v", ""))
         event_type = f["type"]
         data = json.loads(f.get("data", "{}"))
+        seq = int(f.get("seq", "0"))
     except (KeyError, ValueError):
         return None
     if event_type not in EventType.ALL or not isinstance(data, dict):
         return None
-    return Event(event_type, f.get("node", ""), data, _str(entry_id), version)
+    return Event(event_type, f.get("node", ""), data, _str(entry_id), version, seq)
 
 
 # -- log batches ------------------------------------------------------------------------

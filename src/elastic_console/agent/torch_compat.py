@@ -274,12 +274,6 @@ def create_handler(params: RendezvousParameters) -> RedisRendezvousHandler:
     return RedisRendezvousHandler(core)
 
 
-def rendezvous_handler_factory() -> Callable[[RendezvousParameters], RendezvousHandler]:
-    """Entry point of the ``torchrun.handlers`` group, name ``redis``: a zero-argument
-    factory returning the creator, as torch's registry expects."""
-    return create_handler
-
-
 def cuda_device_count() -> int:
     """GPUs torch can see (for ``--nproc-per-node gpu|auto``)."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
