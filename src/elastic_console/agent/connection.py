@@ -220,7 +220,8 @@ def explain_error(exc: BaseException, where: str) -> RedisUnavailableError:
     detail = redact(str(exc)).rstrip(".") or type(exc).__name__
     if isinstance(exc, redis.AuthenticationError) or "WRONGPASS" in detail or "NOAUTH" in detail:
         hint = "check the user and password in the Redis URL"
-    elif isinstance(exc, redis.ResponseError) and "NOPERM" in detail:
+    elif isinstance(exc, redis.exceptions.NoPermissionError) or (
+            isinstance(exc, redis.ResponseError) and "NOPERM" in detail):
         hint = "the Redis user lacks a permission this command needs (check its ACL)"
     elif isinstance(exc, (redis.TimeoutError, socket.timeout)):
         hint = "check that the host is reachable and not firewalled"

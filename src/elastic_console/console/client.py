@@ -39,6 +39,7 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.exceptions import NoPermissionError
 
 from elastic_console.agent.connection import (
     Endpoint,
@@ -163,6 +164,15 @@ class JobClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def _explain(self, exc: BaseException) -> RedisUnavailableError:
+        """One sentence naming the endpoint (password redacted), what failed, what to try."""
+        if isinstance(exc, NoPermissionError):
+            # redis-py strips the NOPERM code from the message, so say it here.
+            return RedisUnavailableError(
+                f"the Redis user on {self.endpoint.display} is not allowed to do this: "
+                f"{sanitize(str(exc))}; check its ACL")
+        return explain_error(exc, self.endpoint.display)
+
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
         """Any Redis failure becomes one RedisUnavailableError sentence naming the endpoint."""
@@ -171,7 +181,7 @@ class JobClient:
         except RedisUnavailableError:
             raise
         except (redis.RedisError, OSError) as exc:
-            raise explain_error(exc, self.endpoint.display) from None
+            raise self._explain(exc) from None
 
     async def _server_ms(self) -> int:
         try:
@@ -211,7 +221,7 @@ class JobClient:
             rnd = _round_info(round_raw)
             nodes = len(view.active_nodes()) or (len(rnd.nodes) if rnd else 0)
             world = view.world_size if view.world_size is not None else (
-                rnd.total_workers or None if rnd else None)
+                (rnd.total_workers or None) if rnd else None)
             used = max(view.restarts_used, _int(restarts))
             created = view.created_ms or int(score)
             out.append(JobSummary(job, view.state, nodes, world, used, view.max_restarts,
@@ -266,19 +276,24 @@ class JobClient:
         Sets the follow cursor to the newest id of every stream, so :meth:`follow` continues
         exactly after what this returned (no gap, no duplicate).
         """
-        k = self.keys
         with self._errors():
+            return await self._read_history(max_events, max_log_entries_per_stream)
+
+    async def _read_history(self, max_events: int,
+                            max_log_entries_per_stream: int) -> tuple[list[Event], list[LogBatch]]:
+        # Raw redis errors: follow() tells an outage from a refusal by their type.
+        k = self.keys
+        pipe = self._client.pipeline(transaction=False)
+        pipe.xrevrange(k.events, count=max(1, max_events))
+        pipe.smembers(k.log_streams)
+        raw_events, raw_streams = await pipe.execute()
+        streams = sorted(_s(s) for s in raw_streams or ())
+        per_stream: list[Any] = []
+        if streams:
             pipe = self._client.pipeline(transaction=False)
-            pipe.xrevrange(k.events, count=max(1, max_events))
-            pipe.smembers(k.log_streams)
-            raw_events, raw_streams = await pipe.execute()
-            streams = sorted(_s(s) for s in raw_streams or ())
-            per_stream: list[Any] = []
-            if streams:
-                pipe = self._client.pipeline(transaction=False)
-                for s in streams:
-                    pipe.xrevrange(s, count=max(1, max_log_entries_per_stream))
-                per_stream = await pipe.execute()
+            for s in streams:
+                pipe.xrevrange(s, count=max(1, max_log_entries_per_stream))
+            per_stream = await pipe.execute()
         self._last_ids[k.events] = _s(raw_events[0][0]) if raw_events else "0-0"
         events = []
         if max_events > 0:
@@ -297,19 +312,20 @@ class JobClient:
 
     async def _start_at_present(self) -> None:
         """Cursor at the newest entry of every stream (explicit ids, never ``$``)."""
-        await self.history(max_events=1, max_log_entries_per_stream=0)
+        await self._read_history(max_events=1, max_log_entries_per_stream=0)
 
     async def _refresh_streams(self) -> None:
         for s in await self._client.smembers(self.keys.log_streams) or ():
             # A stream found now may already hold entries written before we saw it.
             self._last_ids.setdefault(_s(s), "0-0")
 
-    async def follow(self) -> AsyncIterator[Record]:
+    async def follow(self, logs: bool = True) -> AsyncIterator[Record]:
         """Yield the job's events and log batches as they are written, forever.
 
         Starts after :meth:`history` (or, without it, at the present). One ``XREAD BLOCK``
         covers the event stream and every log stream; the set of log streams is re-read
-        after events that announce a node and at least every few seconds.
+        after events that announce a node and at least every few seconds. ``logs=False``
+        reads the event stream only.
 
         On a Redis outage yields ``ConnectionChange(False, why)`` once, reconnects with
         backoff (50 ms doubling to 1 s), yields ``ConnectionChange(True, "")`` and continues
@@ -317,7 +333,6 @@ class JobClient:
         :class:`RedisUnavailableError`.
         """
         k = self.keys
-        display = self.endpoint.display
         connected = True
         backoff = BACKOFF_START
         next_refresh = 0.0
@@ -329,6 +344,8 @@ class JobClient:
                     await self._reader.ping()
             except _CONNECTION_ERRORS as exc:
                 failure = exc
+            except redis.RedisError as exc:
+                raise self._explain(exc) from None
             else:
                 if not connected:
                     connected, backoff, next_refresh = True, BACKOFF_START, 0.0
@@ -336,23 +353,19 @@ class JobClient:
                 try:
                     if k.events not in self._last_ids:
                         await self._start_at_present()
-                    if time.monotonic() >= next_refresh:
+                    if logs and time.monotonic() >= next_refresh:
                         await self._refresh_streams()
                         next_refresh = time.monotonic() + STREAMS_REFRESH_S
-                    reply = await self._reader.xread(dict(self._last_ids), count=READ_COUNT,
-                                                     block=BLOCK_MS)
-                except RedisUnavailableError as exc:
-                    failure = exc
+                    ids = self._last_ids if logs else {k.events: self._last_ids[k.events]}
+                    reply = await self._reader.xread(dict(ids), count=READ_COUNT, block=BLOCK_MS)
                 except _CONNECTION_ERRORS as exc:
                     failure = exc
                 except redis.RedisError as exc:  # NOPERM, WRONGTYPE...: waiting will not help
-                    raise explain_error(exc, display) from None
+                    raise self._explain(exc) from None
             if failure is not None:
                 if connected:
                     connected = False
-                    why = failure if isinstance(failure, RedisUnavailableError) else (
-                        explain_error(failure, display))
-                    yield ConnectionChange(False, str(why))
+                    yield ConnectionChange(False, str(self._explain(failure)))
                 await asyncio.sleep(backoff)  # reconnection backoff: the only sleep here
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
@@ -392,15 +405,13 @@ class JobClient:
         try:
             entry = await self._client.xadd(self.keys.commands, encode_command(cmd),
                                             maxlen=COMMANDS_MAXLEN, approximate=True)
-        except redis.ResponseError as exc:
-            if "NOPERM" in str(exc):
-                raise RedisUnavailableError(
-                    f"the Redis user on {self.endpoint.display} may not write the command "
-                    f"stream of job {self.keys.job_id} ({sanitize(str(exc))}): ask for write "
-                    "access to it, or watch the job read-only") from None
-            raise explain_error(exc, self.endpoint.display) from None
+        except NoPermissionError as exc:
+            raise RedisUnavailableError(
+                f"the Redis user on {self.endpoint.display} may not write the command stream "
+                f"of job {self.keys.job_id} ({sanitize(str(exc))}): ask for write access to "
+                "it, or watch the job read-only") from None
         except (redis.RedisError, OSError) as exc:
-            raise explain_error(exc, self.endpoint.display) from None
+            raise self._explain(exc) from None
         self._sent[cid] = _s(entry)
         return cid
 
@@ -491,7 +502,7 @@ class JobClient:
         except redis.ResponseError:
             return True, ""
         except _CONNECTION_ERRORS as exc:
-            raise explain_error(exc, self.endpoint.display) from None
+            raise self._explain(exc) from None
         if _s(reply) == "OK":
             return True, ""
         return False, (f"the Redis user '{sanitize(user)}' may not write the command stream "

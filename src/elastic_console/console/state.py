@@ -44,9 +44,11 @@ a job whose final events were trimmed away, ``final_state``.
 Duplicates: a retried XADD can write an entry twice (Redis 7 has no idempotent XADD).
 A log batch is a duplicate when its ``seq`` is not above the highest seen for the same
 ``(node, rank, stream, attempt)``: the agent numbers a worker stream's batches in publish
-order and its publisher never reorders them. An event is a duplicate when the same node wrote
-the same type with the same data among the last few hundred events (events carry pids,
-timestamps or counters, so a genuine repeat is never identical; ``logs_dropped`` is exempt).
+order and its publisher never reorders them. An event is a duplicate when its ``(node, seq)``
+was seen among the last 16k events (any order); an event without ``seq`` (an older agent, a
+hand-written entry) when the same node wrote the same type with the same data among the last
+few hundred events (events carry pids, timestamps or counters, so a genuine repeat is never
+identical; ``logs_dropped`` is exempt).
 
 Memory is bounded: ``scrollback`` lines per rank, ``all_scrollback`` lines in the interleaved
 all-ranks view (the same line objects, shared), a bounded timeline, bounded resource history.
@@ -83,7 +85,8 @@ JOINED, LOST, LEFT = "joined", "lost", "left"
 
 RESOURCE_HISTORY = 120  # samples kept per rank for sparklines (two minutes at 1 Hz)
 TIMELINE_LIMIT = 2000
-_EVENT_DEDUPE_WINDOW = 512
+_EVENT_DEDUPE_WINDOW = 512  # events without seq: content fingerprints remembered
+_EVENT_SEQ_WINDOW = 16_384  # events with seq: (node, seq) pairs remembered
 _ACK_COMMANDS_LIMIT = 1000
 
 
@@ -181,9 +184,17 @@ _new_line = tuple.__new__  # builds a LogLine without NamedTuple's argument pars
 class JobView:
     """Everything a console shows about one job, folded from its records (see the module doc).
 
-    ``scrollback`` lines are kept per rank; ``all_scrollback`` (default 4x ``scrollback``) in
-    ``all_logs``, every rank interleaved in arrival order. ``lines_total`` counts every line
-    ever appended to ``all_logs``: a UI that remembers it knows how many lines are new.
+    Header: ``state``, ``round``, ``nodes`` (node id -> :class:`NodeInfo`), ``min_nodes``,
+    ``max_nodes``, ``world_size``, ``restarts_used``, ``max_restarts``, ``root_cause``,
+    ``created_ms``, ``connected``, ``endpoint``, ``connection_error``.
+    Ranks: ``ranks`` (global rank -> :class:`RankState`).
+    Timeline: ``timeline``, a deque of :class:`TimelineEntry` bounded by ``timeline_limit``,
+    oldest first.
+    Logs: ``logs`` (rank -> deque of :class:`LogLine`, ``scrollback`` lines each) and
+    ``all_logs`` (every rank interleaved in arrival order, ``all_scrollback`` lines, default
+    4x ``scrollback``; the same objects as the per-rank deques). ``lines_total`` counts every
+    line ever appended to ``all_logs``: a UI that remembers it knows how many lines are new.
+    Change tracking: ``version`` goes up on every change, never otherwise.
     """
 
     def __init__(self, job_id: str, scrollback: int = 10_000, *, all_scrollback: int | None = None,
@@ -219,8 +230,10 @@ class JobView:
         self._round_nodes: list[str] = []  # node ids of the last completed round
         self._acks: dict[str, dict[str, tuple[str, str, str]]] = {}
         self._dedupe = BatchDeduper()
-        self._recent_events: deque[tuple[str, str, str]] = deque()
-        self._recent_set: set[tuple[str, str, str]] = set()
+        self._recent_events: deque[tuple[str, ...]] = deque()
+        self._recent_set: set[tuple[str, ...]] = set()
+        self._seen_seq_order: deque[tuple[str, ...]] = deque()
+        self._seen_seqs: set[tuple[str, ...]] = set()
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -313,7 +326,7 @@ class JobView:
             if handler is None:
                 self.ignored += 1
                 return
-            if ev.type != EventType.LOGS_DROPPED and self._is_repeat(ev):
+            if self._is_repeat(ev):
                 return
             self.last_event_ms = max(self.last_event_ms, ev.server_ms)
             handler(self, ev, sanitize(ev.node), ev.data)
@@ -392,13 +405,22 @@ class JobView:
 
     # -- event handlers --------------------------------------------------------------------
     def _is_repeat(self, ev: Event) -> bool:
-        fp = (ev.type, ev.node, json.dumps(ev.data, sort_keys=True, default=str))
-        if fp in self._recent_set:
+        """True for the second copy of an event a retried XADD wrote twice (see module doc)."""
+        seq = getattr(ev, "seq", 0)
+        if isinstance(seq, int) and seq > 0:
+            key: tuple[str, ...] = (ev.node, str(seq))
+            seen, order, window = self._seen_seqs, self._seen_seq_order, _EVENT_SEQ_WINDOW
+        elif ev.type == EventType.LOGS_DROPPED:
+            return False  # two overflow episodes of the same size are both real
+        else:
+            key = (ev.type, ev.node, json.dumps(ev.data, sort_keys=True, default=str))
+            seen, order, window = self._recent_set, self._recent_events, _EVENT_DEDUPE_WINDOW
+        if key in seen:
             return True
-        self._recent_set.add(fp)
-        self._recent_events.append(fp)
-        if len(self._recent_events) > _EVENT_DEDUPE_WINDOW:
-            self._recent_set.discard(self._recent_events.popleft())
+        seen.add(key)
+        order.append(key)
+        if len(order) > window:
+            seen.discard(order.popleft())
         return False
 
     def _note(self, ev: Event, kind: str, text: str, detail: Any = "") -> None:
@@ -540,6 +562,8 @@ class JobView:
         text = f"restarting ({reason}): {self.restarts_used}/{_q(self.max_restarts)} restarts used"
         if d.get("command_id"):
             text += f", command {d['command_id']}"
+        if d.get("detail"):
+            text += f": {d['detail']}"
         self._note(ev, "restart", text)
 
     def _on_job_end(self, ev: Event, node: str, d: dict[str, Any]) -> None:

@@ -1,0 +1,544 @@
+"""`elastic-console`: watch and steer elastic jobs from any machine that reaches their Redis.
+
+    elastic-console ls
+    elastic-console status JOB [--json]
+    elastic-console logs JOB [--rank R] [--follow] [--tail N] [--grep RE] [--stderr]
+    elastic-console events JOB [--follow] [--json]
+    elastic-console restart JOB [--yes] [--timeout S]
+    elastic-console stop JOB [--yes] [--timeout S]
+    elastic-console attach JOB [--read-only]
+
+``--redis URL`` (before or after the subcommand) names the server; default
+``$ELASTIC_REDIS_URL``, else ``redis://127.0.0.1:6379``.
+
+Exit status: 0 success; 1 a runtime failure (Redis unreachable, unknown job, an agent that
+did not accept a command, a cancelled confirmation); 2 bad usage (bad arguments, job id or
+regex; a confirmation that cannot be asked). A failure is one line on stderr starting
+``elastic-console: error: ``, never a traceback. Ctrl-C ends ``--follow`` with status 0.
+
+Everything printed that came from the job (log lines, host names, messages) goes through
+:func:`elastic_console.console.text.sanitize`; SGR colours are kept only on a terminal.
+The Textual app is imported only by ``attach``, so the other subcommands start fast and work
+without a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterable
+from typing import IO, Any, NoReturn
+
+from elastic_console.agent.connection import (
+    DEFAULT_URL,
+    Endpoint,
+    EndpointError,
+    RedisUnavailableError,
+    parse_endpoint,
+)
+from elastic_console.agent.protocol import (
+    STDERR,
+    CommandType,
+    Event,
+    InvalidJobIdError,
+    LogBatch,
+    validate_job_id,
+)
+
+from .client import Ack, JobClient
+from .state import BatchDeduper, ConnectionChange, JobView, RankState
+from .text import sanitize, strip_sgr
+
+PROG = "elastic-console"
+EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
+ENV_URL = "ELASTIC_REDIS_URL"
+
+
+class CliError(Exception):
+    """A failure to report as one line, with the exit status to use."""
+
+    def __init__(self, message: str, code: int = EXIT_RUNTIME) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, status 2, no usage dump
+        raise CliError(f"{message} (see {PROG} --help)", EXIT_USAGE)
+
+
+def _nonneg_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is negative")
+    return n
+
+
+def _positive_float(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not positive")
+    return x
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line. ``--redis`` is accepted before and after the subcommand."""
+    redis_help = (f"Redis server: host, host:port or redis://[user:password@]host:port/db "
+                  f"(default ${ENV_URL}, else {DEFAULT_URL})")
+    common = _Parser(add_help=False)
+    # SUPPRESS: a subcommand without --redis must not overwrite the global one with None.
+    common.add_argument("--redis", metavar="URL", default=argparse.SUPPRESS, help=redis_help)
+    p = _Parser(prog=PROG, description="Watch and steer elastic PyTorch jobs through Redis.")
+    p.add_argument("--redis", metavar="URL", default=None, help=redis_help)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    ls = sub.add_parser("ls", parents=[common], help="list the jobs on the server")
+    ls.add_argument("--json", action="store_true", help="one JSON array")
+
+    st = sub.add_parser("status", parents=[common], help="a job's state, nodes and ranks")
+    st.add_argument("job", metavar="JOB")
+    st.add_argument("--json", action="store_true", help="one JSON object")
+
+    lg = sub.add_parser("logs", parents=[common], help="the workers' output")
+    lg.add_argument("job", metavar="JOB")
+    lg.add_argument("--rank", type=_nonneg_int, default=None, help="only this global rank")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    lg.add_argument("--tail", type=_nonneg_int, default=100, metavar="N",
+                    help="print the last N lines first (default 100)")
+    lg.add_argument("--grep", metavar="RE", default=None,
+                    help="only lines matching this regular expression (colours ignored)")
+    lg.add_argument("--stderr", action="store_true", help="only the workers' stderr")
+
+    ev = sub.add_parser("events", parents=[common], help="the job's event stream")
+    ev.add_argument("job", metavar="JOB")
+    ev.add_argument("-f", "--follow", action="store_true", help="keep printing new events")
+    ev.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    for name, what in (("restart", "restart the worker group of every node"),
+                       ("stop", "stop the job on every node")):
+        c = sub.add_parser(name, parents=[common], help=what)
+        c.add_argument("job", metavar="JOB")
+        c.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+        c.add_argument("--timeout", type=_positive_float, default=15.0, metavar="S",
+                       help="seconds to wait for the agents' acks (default 15)")
+
+    at = sub.add_parser("attach", parents=[common], help="the live terminal console")
+    at.add_argument("job", metavar="JOB")
+    at.add_argument("--read-only", action="store_true", help="never send commands")
+    return p
+
+
+# -- entry point --------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; return its exit status (see the module docstring)."""
+    args: argparse.Namespace | None = None
+    try:
+        args = build_parser().parse_args(argv)
+        return _dispatch(args)
+    except CliError as exc:
+        return _fail(str(exc), exc.code)
+    except KeyboardInterrupt:
+        # Ctrl-C is how --follow ends; elsewhere it is an interruption (128 + SIGINT).
+        return EXIT_OK if args is not None and getattr(args, "follow", False) else 130
+    except BrokenPipeError:
+        # `elastic-console logs JOB | head`: the reader left; that is not an error. Point
+        # stdout at /dev/null so the interpreter's final flush does not complain either.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def _endpoint(args: argparse.Namespace) -> Endpoint:
+    value = getattr(args, "redis", None) or os.environ.get(ENV_URL) or DEFAULT_URL
+    try:
+        return parse_endpoint(value)
+    except EndpointError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+
+
+def _job(args: argparse.Namespace) -> str:
+    try:
+        return validate_job_id(args.job)
+    except InvalidJobIdError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    ep = _endpoint(args)
+    if args.command == "attach":
+        return _attach(ep, args)
+    commands: dict[str, Callable[[Endpoint, argparse.Namespace], Coroutine[Any, Any, int]]] = {
+        "ls": _ls, "status": _status, "logs": _logs, "events": _events,
+        "restart": _command, "stop": _command,
+    }
+    return _run(commands[args.command](ep, args))
+
+
+def _run(coro: Coroutine[Any, Any, int]) -> int:
+    try:
+        return asyncio.run(coro)
+    except RedisUnavailableError as exc:
+        raise CliError(str(exc), EXIT_RUNTIME) from None
+
+
+async def _open(ep: Endpoint, job: str | None) -> JobClient:
+    """A client for ``job``, failing with one line when the job does not exist."""
+    client = JobClient(ep, job)
+    if job is not None:
+        try:
+            exists = await client.job_exists()
+        except BaseException:
+            await client.close()
+            raise
+        if not exists:
+            await client.close()
+            raise CliError(f"no job '{job}' on {ep.display}: {PROG} ls lists the jobs")
+    return client
+
+
+def _out(text: str = "") -> None:
+    sys.stdout.write(text + "\n")
+
+
+def _table(headers: list[str], rows: Iterable[list[str]], out: IO[str] | None = None) -> None:
+    rows = list(rows)
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    stream = out or sys.stdout
+    for r in [headers, *rows]:
+        stream.write("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
+
+
+def _q(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _age(seconds: float) -> str:
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+def _clock(ms: int) -> str:
+    """Server ms as local HH:MM:SS.mmm."""
+    return time.strftime("%H:%M:%S", time.localtime(ms / 1000)) + f".{ms % 1000:03d}"
+
+
+def _say_connection(change: ConnectionChange, ep: Endpoint) -> None:
+    if change.connected:
+        print(f"{PROG}: reconnected to {ep.display}", file=sys.stderr, flush=True)
+    else:
+        print(f"{PROG}: connection lost: {change.error}; reconnecting", file=sys.stderr,
+              flush=True)
+
+
+# -- ls -----------------------------------------------------------------------------------
+
+async def _ls(ep: Endpoint, args: argparse.Namespace) -> int:
+    client = await _open(ep, None)
+    try:
+        jobs = await client.list_jobs()
+    finally:
+        await client.close()
+    if args.json:
+        _out(json.dumps([j.to_json() for j in jobs]))
+        return EXIT_OK
+    if not jobs:
+        print(f"no jobs on {ep.display}", file=sys.stderr)
+        return EXIT_OK
+    _table(["JOB", "STATE", "NODES", "WORLD", "RESTARTS", "AGE"],
+           ([j.job_id, j.state, str(j.nodes), _q(j.world_size),
+             f"{j.restarts_used}/{_q(j.max_restarts)}", _age(j.age_s)] for j in jobs))
+    return EXIT_OK
+
+
+# -- status -------------------------------------------------------------------------------
+
+async def _load_view(client: JobClient, *, resources: bool) -> JobView:
+    events, _ = await client.history(max_events=10_000, max_log_entries_per_stream=0)
+    view = JobView(client.keys.job_id, scrollback=1)
+    view.apply_meta(await client.meta())
+    view.apply_events(events)
+    if resources:
+        view.apply_resources(await client.resources())
+    return view
+
+
+def _rank_json(r: RankState) -> dict[str, Any]:
+    return {"rank": r.rank, "host": r.host, "node": r.node, "local_rank": r.local_rank,
+            "pid": r.pid, "state": r.state, "restarts": r.restarts, "last_exit": r.last_exit,
+            "cpu": r.cpu, "rss": r.rss, "threads": r.threads}
+
+
+async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
+    job = _job(args)
+    client = await _open(ep, job)
+    try:
+        view = await _load_view(client, resources=True)
+    finally:
+        await client.close()
+    ranks = [view.ranks[r] for r in sorted(view.ranks)]
+    if args.json:
+        _out(json.dumps({
+            "job": job, "redis": ep.display, "state": view.state, "round": view.round,
+            "world_size": view.world_size, "min_nodes": view.min_nodes,
+            "max_nodes": view.max_nodes, "restarts_used": view.restarts_used,
+            "max_restarts": view.max_restarts, "created_ms": view.created_ms,
+            "nodes": {n: {"host": i.host, "status": i.status, "group_rank": i.group_rank}
+                      for n, i in view.nodes.items()},
+            "ranks": [_rank_json(r) for r in ranks],
+            "root_cause": view.root_cause,
+        }, default=str))
+        return EXIT_OK
+    rnd = f" (round {view.round})" if view.round is not None else ""
+    _out(f"job       {job}: {view.state}{rnd}")
+    _out(f"redis     {ep.display}")
+    active = view.active_nodes()
+    bounds = f"{_q(view.min_nodes)}..{_q(view.max_nodes)}"
+    _out(f"nodes     {len(active)} active (wanted {bounds})")
+    for node_id, info in sorted(view.nodes.items(), key=lambda kv: (kv[1].group_rank is None,
+                                                                    kv[1].group_rank or 0)):
+        gr = f", group rank {info.group_rank}" if info.group_rank is not None else ""
+        _out(f"          {info.host} ({node_id}): {info.status}{gr}")
+    _out(f"world     {_q(view.world_size)} ranks")
+    _out(f"restarts  {view.restarts_used}/{_q(view.max_restarts)} used")
+    if view.root_cause:
+        c = view.root_cause
+        _out(f"root cause: rank {_q(c.get('rank'))} on {sanitize(str(c.get('host', '?')))}: "
+             f"{sanitize(str(c.get('message') or c.get('exit_code')))}")
+        for line in str(c.get("traceback") or "").splitlines():
+            _out("    " + sanitize(line))
+    _out()
+    if not ranks:
+        _out("no workers have started yet")
+        return EXIT_OK
+    _table(["RANK", "HOST", "LOCAL", "PID", "STATE", "RESTARTS", "LAST EXIT", "CPU%", "RSS"],
+           ([str(r.rank), r.host, _q(r.local_rank), _q(r.pid), r.state, str(r.restarts),
+             _q(r.last_exit), "-" if r.cpu is None else f"{r.cpu:.1f}", _bytes(r.rss)]
+            for r in ranks))
+    return EXIT_OK
+
+
+# -- logs ---------------------------------------------------------------------------------
+
+class _LogPrinter:
+    """Filters, dedupes and prints log batches as ``[rank R] text`` lines."""
+
+    def __init__(self, args: argparse.Namespace, tty: bool) -> None:
+        self.rank: int | None = args.rank
+        self.stderr_only: bool = args.stderr
+        self.tty = tty
+        self.dedupe = BatchDeduper()
+        try:
+            self.grep = re.compile(args.grep) if args.grep is not None else None
+        except re.error as exc:
+            raise CliError(f"bad --grep pattern {args.grep!r}: {exc}", EXIT_USAGE) from None
+
+    def lines(self, batch: LogBatch) -> list[str]:
+        if (self.rank is not None and batch.rank != self.rank) or (
+                self.stderr_only and batch.stream != STDERR) or self.dedupe.seen(batch):
+            return []
+        out = []
+        prefix = f"[rank {batch.rank}] "
+        for raw in batch.lines:
+            text = sanitize(raw)
+            plain = strip_sgr(text)
+            if self.grep is not None and not self.grep.search(plain):
+                continue
+            if self.tty and "\x1b" in text:
+                out.append(prefix + text + "\x1b[0m")  # a colour must not bleed into the next line
+            else:
+                out.append(prefix + plain)
+        return out
+
+
+async def _logs(ep: Endpoint, args: argparse.Namespace) -> int:
+    job = _job(args)
+    printer = _LogPrinter(args, sys.stdout.isatty())
+    client = await _open(ep, job)
+    try:
+        _, batches = await client.history(max_events=0,
+                                          max_log_entries_per_stream=max(2_000, args.tail))
+        tail: deque[str] = deque(maxlen=args.tail)
+        for b in batches:
+            tail.extend(printer.lines(b))
+        if tail:
+            sys.stdout.write("\n".join(tail) + "\n")
+        sys.stdout.flush()
+        if args.follow:
+            async for rec in client.follow():
+                if isinstance(rec, LogBatch):
+                    lines = printer.lines(rec)
+                    if lines:
+                        sys.stdout.write("\n".join(lines) + "\n")
+                        sys.stdout.flush()
+                elif isinstance(rec, ConnectionChange):
+                    _say_connection(rec, ep)
+    finally:
+        await client.close()
+    return EXIT_OK
+
+
+# -- events -------------------------------------------------------------------------------
+
+def _value(v: Any, limit: int = 300) -> str:
+    if isinstance(v, str) and v and not any(c in v for c in ' ="\\') and len(v) <= limit:
+        return sanitize(v)
+    text = json.dumps(v, ensure_ascii=False, separators=(",", ":"), default=str)
+    if len(text) > limit:
+        text = text[:limit] + f"…(+{len(text) - limit} chars)"
+    return sanitize(text)
+
+
+def _event_line(ev: Event) -> str:
+    pairs = " ".join(f"{sanitize(str(k))}={_value(v)}" for k, v in ev.data.items())
+    return f"{_clock(ev.server_ms)} {sanitize(ev.node)} {ev.type} {pairs}".rstrip()
+
+
+def _event_json(ev: Event) -> str:
+    # ensure_ascii (the default) escapes every control character: safe on any terminal.
+    return json.dumps({"id": ev.id, "time_ms": ev.server_ms, "type": ev.type, "node": ev.node,
+                       "data": ev.data}, default=str)
+
+
+async def _events(ep: Endpoint, args: argparse.Namespace) -> int:
+    job = _job(args)
+    fmt = _event_json if args.json else _event_line
+    client = await _open(ep, job)
+    try:
+        events, _ = await client.history(max_events=10_000, max_log_entries_per_stream=0)
+        if events:
+            sys.stdout.write("\n".join(fmt(e) for e in events) + "\n")
+        sys.stdout.flush()
+        if args.follow:
+            async for rec in client.follow(logs=False):
+                if isinstance(rec, Event):
+                    sys.stdout.write(fmt(rec) + "\n")
+                    sys.stdout.flush()
+                elif isinstance(rec, ConnectionChange):
+                    _say_connection(rec, ep)
+    finally:
+        await client.close()
+    return EXIT_OK
+
+
+# -- restart / stop -----------------------------------------------------------------------
+
+def _confirm(question: str, assume_yes: bool) -> None:
+    if assume_yes:
+        return
+    if not sys.stdin.isatty():
+        raise CliError("refusing to act without confirmation: stdin is not a terminal "
+                       "(pass --yes to confirm)", EXIT_USAGE)
+    sys.stderr.write(question + " [y/N] ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline().strip().lower()
+    if answer not in ("y", "yes"):
+        raise CliError("cancelled; nothing was sent", EXIT_RUNTIME)
+
+
+async def _command(ep: Endpoint, args: argparse.Namespace) -> int:
+    job = _job(args)
+    kind = CommandType.RESTART if args.command == "restart" else CommandType.STOP
+    client = await _open(ep, job)
+    try:
+        view = await _load_view(client, resources=False)
+        if view.is_final:
+            raise CliError(f"job '{job}' has already {view.state}: there is nothing to {kind}")
+        expected = view.active_nodes()
+        if not expected:
+            raise CliError(f"no agent of job '{job}' is running to receive a {kind} command")
+        ok, why = await client.can_write()
+        if not ok:
+            raise CliError(why)
+        question = (f"Restart the worker group of job {job}?" if kind == CommandType.RESTART
+                    else f"Stop job {job} (every worker on every node)?")
+        _confirm(question, args.yes)
+        cid = await client.send_command(kind)
+        n = len(expected)
+        _out(f"{kind} command {cid} sent to job {job}; waiting for {n} agent"
+             f"{'' if n == 1 else 's'} to answer")
+        sys.stdout.flush()
+
+        def show(ack: Ack) -> None:
+            reason = f": {ack.reason}" if ack.reason else ""
+            _out(f"  {ack.status} by {ack.host} ({ack.node}){reason}")
+            sys.stdout.flush()
+
+        acks = await client.wait_acks(cid, expected_nodes=n, timeout=args.timeout, on_ack=show)
+    finally:
+        await client.close()
+    by_node = {a.node: a for a in acks}
+    missing = [f"{host} ({node})" for node, host in expected.items() if node not in by_node]
+    refused = [a for a in acks if a.node in expected and a.status != "accepted"]
+    if missing:
+        return _fail(f"no answer within {args.timeout:g} s from: {', '.join(missing)}",
+                     EXIT_RUNTIME)
+    if refused:
+        return _fail(f"{len(refused)} of {n} agents did not accept the {kind} command",
+                     EXIT_RUNTIME)
+    _out(f"all {n} agent{'' if n == 1 else 's'} accepted the {kind} command")
+    return EXIT_OK
+
+
+# -- attach -------------------------------------------------------------------------------
+
+def _attach(ep: Endpoint, args: argparse.Namespace) -> int:
+    """Start the Textual app: ``run_app(endpoint=..., job_id=..., read_only=...)`` from
+    ``elastic_console.console.app``, imported here only (the other subcommands never load
+    Textual). Its return value, if an int, is the exit status."""
+    job = _job(args)
+    try:
+        from elastic_console.console.app import run_app  # type: ignore[import-not-found]
+    except ModuleNotFoundError as exc:
+        if exc.name != "elastic_console.console.app":
+            raise CliError(f"the console app cannot start: {exc}") from None
+        raise CliError("the attach console is not available in this build "
+                       "(elastic_console.console.app is missing); use status, logs and "
+                       "events meanwhile", EXIT_USAGE) from None
+
+    async def check() -> int:
+        client = await _open(ep, job)
+        await client.close()
+        return EXIT_OK
+
+    _run(check())
+    code = run_app(endpoint=ep, job_id=job, read_only=args.read_only)
+    return code if isinstance(code, int) else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

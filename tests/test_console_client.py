@@ -1,0 +1,327 @@
+"""JobClient against a real redis-server (and a real agent where behaviour needs one)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import redis
+
+from elastic_console.agent.connection import RedisUnavailableError, make_client
+from elastic_console.agent.protocol import (
+    JOBS_INDEX,
+    Event,
+    EventType,
+    JobKeys,
+    LogBatch,
+    encode_event,
+    encode_log_batch,
+)
+from elastic_console.console.client import ConnectionChange, JobClient
+from tests.agents import SCRIPTS, Agent, wait_until
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+async def until(cond: Callable[[], object], timeout: float, what: str) -> None:
+    """Let the event loop run until ``cond()`` holds; fail after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class Collector:
+    """Consumes ``client.follow()`` in a task, keeping every record."""
+
+    def __init__(self, agen: AsyncIterator[object]) -> None:
+        self.records: list[object] = []
+        self._agen = agen
+        self.task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        async for rec in self._agen:
+            self.records.append(rec)
+
+    def of(self, kind: type) -> list:
+        return [r for r in self.records if isinstance(r, kind)]
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await self.task
+
+
+def add_event(r: redis.Redis, job: str, event_type: str, node: str = "a-1-x", **data) -> str:
+    return r.xadd(JobKeys(job).events, encode_event(event_type, node, data)).decode()
+
+
+def add_logs(r: redis.Redis, job: str, node: str, rank: int, seq: int, *lines: str,
+             register: bool = True) -> str:
+    keys = JobKeys(job)
+    if register:
+        r.sadd(keys.log_streams, keys.logs(node))
+    b = LogBatch(node=node, rank=rank, local_rank=0, attempt=0, stream="out", seq=seq,
+                 lines=list(lines))
+    return r.xadd(keys.logs(node), encode_log_batch(b)).decode()
+
+
+def test_history_then_follow_continues_with_no_gap_and_no_duplicate(redis_url, r, job_id):
+    old_events = [add_event(r, job_id, EventType.NODE_JOINED, host=f"h{i}") for i in range(5)]
+    old_logs = [add_logs(r, job_id, "a-1-x", 0, i + 1, f"old {i}") for i in range(3)]
+    old_logs += [add_logs(r, job_id, "b-2-y", 1, i + 1, f"old b {i}") for i in range(2)]
+
+    async def main() -> None:
+        client = JobClient(redis_url, job_id)
+        try:
+            events, logs = await client.history()
+            assert [e.id for e in events] == old_events
+            assert sorted(b.id for b in logs) == [b.id for b in logs]  # merged by server time
+            assert {b.id for b in logs} == set(old_logs)
+            few, _ = await client.history(max_events=2, max_log_entries_per_stream=1)
+            assert [e.id for e in few] == old_events[-2:]  # the newest, oldest first
+            await client.history()  # the cursor is at the newest entries again
+            col = Collector(client.follow())
+            new_events = [add_event(r, job_id, EventType.NODE_JOINED, host=f"n{i}")
+                          for i in range(5)]
+            new_logs = [add_logs(r, job_id, "a-1-x", 0, 10 + i, f"new {i}") for i in range(4)]
+            await until(lambda: len(col.of(Event)) >= 5 and len(col.of(LogBatch)) >= 4, 10,
+                        "the new entries")
+            await asyncio.sleep(0)  # let anything extra already read arrive too
+            assert [e.id for e in col.of(Event)] == new_events
+            assert [b.id for b in col.of(LogBatch)] == new_logs
+            assert [b.lines for b in col.of(LogBatch)] == [[f"new {i}"] for i in range(4)]
+            assert not col.of(ConnectionChange)
+            await col.stop()
+        finally:
+            await client.close()
+
+    run(main())
+
+
+def test_a_log_stream_that_appears_later_is_read_from_its_start(redis_url, r, job_id):
+    add_event(r, job_id, EventType.NODE_JOINED, host="a")
+
+    async def main() -> None:
+        client = JobClient(redis_url, job_id)
+        try:
+            await client.history()
+            col = Collector(client.follow())
+            await asyncio.sleep(0.1)  # the first XREAD is in flight without the new stream
+            # Entries written before the stream is registered must not be skipped.
+            first = add_logs(r, job_id, "c-3-z", 2, 1, "early", register=False)
+            second = add_logs(r, job_id, "c-3-z", 2, 2, "registered")
+            add_event(r, job_id, EventType.WORKERS_STARTED, "c-3-z", ranks=[2], pids=[1])
+            await until(lambda: len(col.of(LogBatch)) >= 2, 5, "the announced stream")
+            assert [b.id for b in col.of(LogBatch)] == [first, second]
+            # A stream announced by no event is found by the periodic re-read.
+            late = add_logs(r, job_id, "d-4-w", 3, 1, "quiet node")
+            await until(lambda: len(col.of(LogBatch)) >= 3, 8, "the unannounced stream")
+            assert col.of(LogBatch)[-1].id == late and col.of(LogBatch)[-1].lines == ["quiet node"]
+            await col.stop()
+        finally:
+            await client.close()
+
+    run(main())
+
+
+def test_follow_rides_out_a_redis_restart_without_gap_or_duplicate(private_redis, job_id):
+    srv = private_redis
+    srv.stop()
+    srv.extra_args = ["--appendonly", "yes", "--appendfsync", "always"]
+    srv.start()
+    r = make_client(srv.url)
+    add_event(r, job_id, EventType.NODE_JOINED, host="a")
+
+    async def main() -> None:
+        client = JobClient(srv.url, job_id)
+        try:
+            await client.history()
+            col = Collector(client.follow())
+            # (kind, id): ids of different streams can be equal.
+            before = [("e", add_event(r, job_id, EventType.LOGS_DROPPED, count=i)) for i in range(3)]
+            before.append(("l", add_logs(r, job_id, "a-1-x", 0, 1, "before")))
+            await until(lambda: len(col.records) >= 4, 10, "entries before the outage")
+            srv.kill()
+            await until(lambda: col.of(ConnectionChange), 10, "the outage to be reported")
+            down = col.of(ConnectionChange)[0]
+            assert not down.connected and srv.url in down.error
+            assert down.error.startswith("cannot reach Redis at ")
+            srv.start()
+            # Written before the reader is back: a reader that re-sent '$' would skip these.
+            r2 = make_client(srv.url)
+            after = [("e", add_event(r2, job_id, EventType.LOGS_DROPPED, count=10 + i))
+                     for i in range(3)]
+            after.append(("l", add_logs(r2, job_id, "a-1-x", 0, 2, "after")))
+            await until(lambda: len(col.records) >= 10, 15, "entries after the restart")
+            await asyncio.sleep(0.1)
+            r2.close()
+            changes = col.of(ConnectionChange)
+            assert [c.connected for c in changes] == [False, True]
+            got = [("e" if isinstance(rec, Event) else "l", rec.id) for rec in col.records
+                   if isinstance(rec, (Event, LogBatch))]
+            assert sorted(got) == sorted(before + after)  # all of them, none twice
+            await col.stop()
+        finally:
+            await client.close()
+
+    try:
+        run(main())
+    finally:
+        r.close()
+
+
+def test_commands_acks_list_jobs_and_follow_with_a_real_agent(redis_url, r, job_id, tmp_path):
+    args = ["--redis", redis_url, "--job-id", job_id, "--local-addr", "127.0.0.1",
+            "--nproc-per-node", "1", "--max-restarts", "2", "--shutdown-timeout", "5",
+            str(SCRIPTS / "sleeper.py")]
+
+    async def main() -> Agent:
+        client = JobClient(redis_url, job_id)
+        try:
+            assert not await client.job_exists()
+            await client.history()  # nothing yet: follow starts at the beginning of it all
+            col = Collector(client.follow())
+            agent = Agent(args, tmp_path, "a")
+            await until(lambda: any(isinstance(b, LogBatch) and b.lines[0].startswith("worker rank=0")
+                                    for b in col.records), 30, "the worker's first line")
+            types = [e.type for e in col.of(Event)]
+            assert types[:3] == [EventType.NODE_JOINED, EventType.RENDEZVOUS_COMPLETE,
+                                 EventType.WORKERS_STARTED]
+            assert await client.job_exists()
+
+            jobs = {j.job_id: j for j in await client.list_jobs()}
+            mine = jobs[job_id]
+            assert (mine.state, mine.nodes, mine.world_size, mine.restarts_used,
+                    mine.max_restarts) == ("running", 1, 1, 0, 2)
+            assert 0 <= mine.age_s < 60 and mine.created_ms > 0
+
+            assert await client.can_write() == (True, "")
+            active = await client.active_nodes()
+            assert len(active) == 1
+            with pytest.raises(ValueError, match="unknown command type"):
+                await client.send_command("explode")
+
+            cid = await client.send_command("restart")
+            assert re.fullmatch(r"c-[0-9a-f]{8}", cid)
+            seen = []
+            acks = await client.wait_acks(cid, timeout=15, on_ack=seen.append)
+            assert [(a.node, a.status) for a in acks] == [(next(iter(active)), "accepted")]
+            assert acks == seen and "restart from " in acks[0].reason and "@" in acks[0].reason
+            await until(lambda: any(e.type == EventType.RESTARTING and e.data.get("command_id") == cid
+                                    for e in col.of(Event)), 15, "the restart")
+            meta = await client.meta()
+            assert meta["min_nodes"] == "1" and meta["max_restarts"] == "2"
+
+            cid = await client.send_command("stop")
+            acks = await client.wait_acks(cid, expected_nodes=1, timeout=15)
+            assert [a.status for a in acks] == ["accepted"]
+            await until(lambda: any(e.type == EventType.JOB_STOPPED for e in col.of(Event)), 15,
+                        "the job to stop")
+            # Asking again after the fact finds the ack in the stream at once.
+            again = await client.wait_acks(cid, expected_nodes=1, timeout=1)
+            assert [a.status for a in again] == ["accepted"]
+            await col.stop()
+            return agent
+        finally:
+            await client.close()
+
+    agent = run(main())
+    assert agent.wait(30) == 143, agent.output[-2000:]
+    wait_until(lambda: r.hget(JobKeys(job_id).meta, "final_state") == b"stopped", 5, "final state")
+
+
+def test_can_write_is_false_for_a_read_only_acl_user(redis_url, r, job_id):
+    user, password = f"ro-{uuid.uuid4().hex[:6]}", f"pw-{uuid.uuid4().hex}"
+    r.execute_command("ACL", "SETUSER", user, "on", f">{password}", "%R~*", "+@read", "+ping",
+                      "+acl|whoami", "+acl|dryrun")
+    noacl = f"{user}-noacl"
+    r.execute_command("ACL", "SETUSER", noacl, "on", f">{password}", "%R~*", "+@read", "+ping")
+    host_port = redis_url.split("://", 1)[1]
+
+    async def main() -> None:
+        ro = JobClient(f"redis://{user}:{password}@{host_port}", job_id)
+        default = JobClient(redis_url, job_id)
+        blind = JobClient(f"redis://{noacl}:{password}@{host_port}", job_id)
+        try:
+            ok, why = await ro.can_write()
+            assert not ok
+            assert why.startswith(f"the Redis user '{user}' may not write the command stream")
+            assert password not in why and "***" in why
+            with pytest.raises(RedisUnavailableError, match="may not write the command stream") as e:
+                await ro.send_command("stop")
+            assert password not in str(e.value)
+            assert await default.can_write() == (True, "")
+            # ACL not permitted to this user: no answer, so no refusal (send will tell).
+            assert await blind.can_write() == (True, "")
+            assert await ro.job_exists() is False  # reading works
+        finally:
+            for c in (ro, default, blind):
+                await c.close()
+
+    try:
+        run(main())
+    finally:
+        r.execute_command("ACL", "DELUSER", user, noacl)
+
+
+def test_list_jobs_summarises_from_meta_events_and_counters(redis_url, r, job_id):
+    keys = JobKeys(job_id)
+    r.zadd(JOBS_INDEX, {job_id: 1_000, "bad{job": 2_000})
+    r.hset(keys.meta, mapping={"created_ms": 1_000, "min_nodes": 1, "max_nodes": 2,
+                               "max_restarts": 5})
+    r.set(keys.restarts, 2)
+    add_event(r, job_id, EventType.NODE_JOINED, "a-1-x", host="a")
+    add_event(r, job_id, EventType.NODE_JOINED, "b-2-y", host="b")
+    add_event(r, job_id, EventType.RENDEZVOUS_COMPLETE, round=3, world_size=8,
+              nodes=[{"node": "a-1-x", "host": "a", "group_rank": 0},
+                     {"node": "b-2-y", "host": "b", "group_rank": 1}])
+    add_event(r, job_id, EventType.WORKERS_STARTED, ranks=[0, 1, 2, 3], pids=[1, 2, 3, 4])
+    add_event(r, job_id, EventType.JOB_FAILED, root_cause={"rank": 1}, restarts_used=2)
+    r.hset(keys.resources, mapping={"0": '{"cpu": 5, "rss": 7}', "1": "not json"})
+
+    async def main() -> None:
+        client = JobClient(redis_url)
+        try:
+            jobs = {j.job_id: j for j in await client.list_jobs()}
+            assert "bad{job" not in jobs
+            j = jobs[job_id]
+            assert (j.state, j.nodes, j.world_size, j.restarts_used, j.max_restarts,
+                    j.created_ms) == ("failed", 2, 8, 2, 5, 1_000)
+            assert j.age_s > 1_000  # server time minus 1970 + 1 s
+            with pytest.raises(ValueError):
+                await client.meta()  # no job id
+        finally:
+            await client.close()
+        jc = JobClient(redis_url, job_id)
+        try:
+            assert await jc.resources() == {0: {"cpu": 5, "rss": 7}}
+        finally:
+            await jc.close()
+
+    try:
+        run(main())
+    finally:
+        r.zrem(JOBS_INDEX, "bad{job")
+
+
+def test_unreachable_redis_is_one_clear_error_without_the_password():
+    async def main() -> None:
+        client = JobClient("redis://me:hunter2@127.0.0.1:1", "some-job")
+        try:
+            with pytest.raises(RedisUnavailableError) as e:
+                await client.job_exists()
+        finally:
+            await client.close()
+        msg = str(e.value)
+        assert msg.startswith("cannot reach Redis at redis://me:***@127.0.0.1:1")
+        assert "hunter2" not in msg and "\n" not in msg
+
+    run(main())
