@@ -17,8 +17,9 @@ Contract
     result with ``Text.from_ansi`` (never markup), which keeps the SGR colours.
 
     :func:`strip_sgr` removes SGR sequences, for plain output and for matching a regex against
-    what the user reads. Both commute: ``strip_sgr(sanitize(s)) == sanitize(strip_sgr(s))``,
-    because an escaped sequence is plain text (a backslash, not an ESC) and no longer SGR.
+    what the user reads. Apply it to sanitized text (``strip_sgr(sanitize(s))``), never the other
+    way round: stripping first can join the pieces of a broken sequence into a live one
+    (``"\\x1b[3\\x1b[1mm"`` becomes ``ESC[3m``), which sanitize would then keep.
 
 Speed: one precompiled regex; a line without any control character (the common case) costs a
 single ``search`` and is returned as is. This runs at the workers' full output rate.
