@@ -242,6 +242,8 @@ def test_worker_output_is_kept_as_data(redis_url, r, job_id, tmp_path):
     (["--job-id", "a{b}", str(SCRIPTS / "sleeper.py")], "invalid job id"),
     (["--tee", "9", str(SCRIPTS / "sleeper.py")], "--tee"),
     (["--rdzv-conf", "join_timeout=soon", str(SCRIPTS / "sleeper.py")], "join_timeout"),
+    (["--local-ranks-filter", "one", str(SCRIPTS / "sleeper.py")], "--local-ranks-filter"),
+    (["--shutdown-timeout", "soon", str(SCRIPTS / "sleeper.py")], "--shutdown-timeout"),
     (["--bogus-flag", "x.py"], "unrecognized"),
 ])
 def test_bad_command_lines_get_one_line_and_status_2(argv, message):
@@ -336,3 +338,13 @@ def test_resource_samples_are_kept_per_rank(redis_url, r, job_id, tmp_path):
     assert all(s["rss"] > 1_000_000 and s["threads"] >= 1 and "cpu" in s
                for s in samples.values())
     assert agent.wait(30) == 0
+
+
+def test_tee_prefix_and_local_ranks_filter_match_torchrun(tmp_path):
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    flags = ["--standalone", "--nproc-per-node", "2", "--tee", "3", "--local-ranks-filter", "1",
+             "--log-dir", str(tmp_path), str(EXAMPLES / "hello.py")]
+    ours = subprocess.run([*AGENT, *flags], capture_output=True, text=True, timeout=60)
+    theirs = subprocess.run([torchrun, *flags], capture_output=True, text=True, timeout=60)
+    assert ours.returncode == theirs.returncode == 0, ours.stderr + theirs.stderr
+    assert ours.stdout == theirs.stdout == "[default1]:hello from rank 1 of 2\n"

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .connection import Endpoint, EndpointError, parse_endpoint
+from .logs import parse_local_ranks_filter, parse_std_spec
 from .protocol import InvalidJobIdError, validate_job_id
 from .rendezvous import RendezvousSettings
 
@@ -192,17 +193,13 @@ def parse_signals(value: str) -> tuple[int, ...]:
 
 
 def parse_local_ranks(value: str) -> frozenset[int] | None:
-    if not value.strip():
-        return None
     try:
-        return frozenset(int(x) for x in value.split(","))
-    except ValueError:
-        raise UsageError(f"--local-ranks-filter {value!r} is not a comma-separated list of ranks") from None
+        return parse_local_ranks_filter(value)
+    except ValueError as exc:
+        raise UsageError(f"--local-ranks-filter: {exc}") from None
 
 
 def check_std_spec(value: str, flag: str) -> str:
-    from .logs import parse_std_spec
-
     try:
         parse_std_spec(value)
     except ValueError as exc:
