@@ -348,3 +348,14 @@ def test_tee_prefix_and_local_ranks_filter_match_torchrun(tmp_path):
     theirs = subprocess.run([torchrun, *flags], capture_output=True, text=True, timeout=60)
     assert ours.returncode == theirs.returncode == 0, ours.stderr + theirs.stderr
     assert ours.stdout == theirs.stdout == "[default1]:hello from rank 1 of 2\n"
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["-m", "platform"], "Linux"),
+    (["--no-python", "/bin/echo", "hello", "from", "echo"], "hello from echo"),
+])
+def test_module_and_no_python_entrypoints(flags, expected, tmp_path):
+    p = subprocess.run([*AGENT, "--standalone", "--nproc-per-node", "1", "--log-dir",
+                        str(tmp_path), *flags], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert expected in p.stdout
