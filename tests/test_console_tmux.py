@@ -1,0 +1,73 @@
+"""End to end in a real terminal: the installed `elastic-console attach` inside tmux, real
+keys, the screen read back -- against a real agent and a real Redis."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from elastic_console.agent.protocol import EventType, JobKeys, decode_event
+from tests.agents import SCRIPTS, Agent, wait_until
+
+CONSOLE = Path(sys.executable).with_name("elastic-console")
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+
+class Tmux:
+    def __init__(self, command: list[str], width: int = 180, height: int = 48) -> None:
+        self.name = f"ec-{uuid.uuid4().hex[:8]}"
+        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(width),
+                        "-y", str(height), *command], check=True)
+
+    def screen(self) -> str:
+        p = subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name],
+                           capture_output=True, text=True)
+        return p.stdout
+
+    def keys(self, *keys: str) -> None:
+        subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
+
+    def alive(self) -> bool:
+        return subprocess.run(["tmux", "has-session", "-t", self.name],
+                              capture_output=True).returncode == 0
+
+    def kill(self) -> None:
+        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+
+
+def restarts_by_command(r, job: str) -> int:
+    return sum(1 for i, f in r.xrange(JobKeys(job).events)
+               if (e := decode_event(i, f)) and e.type == EventType.RESTARTING
+               and e.data.get("reason") == "command")
+
+
+def test_attach_restart_and_detach_in_tmux(redis_url, r, job_id, tmp_path):
+    agent = Agent(["--redis", redis_url, "--job-id", job_id, "--nproc-per-node", "2",
+                   "--local-addr", "127.0.0.1", str(SCRIPTS / "sleeper.py")], tmp_path, "a")
+    tmux = Tmux([str(CONSOLE), "attach", job_id, "--redis", redis_url])
+    try:
+        wait_until(lambda: job_id in tmux.screen() and "running" in tmux.screen(), 30,
+                   "the console showing the running job")
+        wait_until(lambda: "tick" in tmux.screen(), 20, "live log lines on screen")
+        tmux.keys("r")
+        wait_until(lambda: "Restart the worker group?" in tmux.screen(), 10, "the confirm dialog")
+        assert restarts_by_command(r, job_id) == 0, "nothing may be sent before confirming"
+        tmux.keys("y")
+        wait_until(lambda: "accepted by 1/1 agent" in tmux.screen(), 20, "the ack on screen")
+        wait_until(lambda: restarts_by_command(r, job_id) == 1, 20, "the restart in Redis")
+        tmux.keys("Escape")
+        wait_until(lambda: "restarting (command)" in tmux.screen(), 20,
+                   "the restart read back from the timeline")
+        tmux.keys("q")
+        wait_until(lambda: not tmux.alive(), 15, "the console to detach")
+        assert agent.proc.poll() is None, "detaching must never stop the job"
+    finally:
+        tmux.kill()
+        agent.kill()
+        agent.wait(10)
