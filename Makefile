@@ -21,7 +21,7 @@ redis: $(STAMP)
 	@bash scripts/ensure-redis.sh $(VENV)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff check src tests bench examples scripts
 	$(VENV)/bin/lint-imports
 
 test: redis lint
@@ -30,6 +30,11 @@ test: redis lint
 bench: redis
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/rendezvous_bench.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/launch_bench.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/log_view_bench.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/console_bench.py
+
+screenshots: redis
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/screenshots.py
 
 demo: redis
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh

@@ -1,0 +1,100 @@
+"""`make screenshots`: SVG screenshots of the console attached to a real run.
+
+A real redis-server, a real elastic-agent running examples/train.py with 4 workers and an
+injected crash on the first attempt, and the real ConsoleApp driven by Textual's Pilot:
+
+    screenshots/overview.svg    the job after its restart: header, ranks, live logs, timeline
+    screenshots/filtered.svg    the log view filtered with `/` to lines matching "loss"
+    screenshots/failure.svg     the root cause of the crash, opened from the timeline
+    screenshots/confirm.svg     the confirm dialog of `r` (Cancel focused)
+    screenshots/help.svg        `?`
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from elastic_console.agent.connection import parse_endpoint
+from elastic_console.agent.standalone import RedisServer
+from elastic_console.console.app import ConsoleApp
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "screenshots"
+SIZE = (150, 44)
+
+
+async def until(pilot, cond, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"screenshots: timed out waiting for {what}")
+        await pilot.pause(0.1)
+
+
+async def shoot(url: str, job: str) -> None:
+    app = ConsoleApp(job, endpoint=parse_endpoint(url), cursor_blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        view = app.view
+        await until(pilot, lambda: view.restarts_used >= 1 and view.state == "running"
+                    and view.lines_total > 200, 180, "the restart and fresh output")
+        await pilot.pause(1.0)
+        app.save_screenshot("overview.svg", str(OUT))
+
+        await pilot.press("slash", *"loss", "enter")
+        await pilot.pause(0.5)
+        app.save_screenshot("filtered.svg", str(OUT))
+        await pilot.press("escape")
+        await pilot.pause(0.3)
+
+        timeline = app.query_one("Timeline")
+        timeline.focus()
+        failure = next(i for i in range(timeline.option_count)
+                       if "worker group failed" in str(timeline.get_option_at_index(i).prompt))
+        timeline.highlighted = failure
+        await pilot.press("enter")
+        await pilot.pause(0.5)
+        app.save_screenshot("failure.svg", str(OUT))
+        await pilot.press("escape")
+        await pilot.pause(0.3)
+
+        await pilot.press("r")
+        await pilot.pause(0.5)
+        app.save_screenshot("confirm.svg", str(OUT))
+        await pilot.press("escape")
+        await pilot.pause(0.3)
+
+        await pilot.press("question_mark")
+        await pilot.pause(0.5)
+        app.save_screenshot("help.svg", str(OUT))
+        await pilot.press("escape")
+
+
+def main() -> int:
+    OUT.mkdir(exist_ok=True)
+    job = f"demo-{int(time.time()) % 100000}"
+    with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "elastic_console.agent.cli", "--redis", server.url,
+             "--job-id", job, "--nproc-per-node", "4", "--max-restarts", "3",
+             "--log-dir", tmp, str(ROOT / "examples" / "train.py"), "--steps", "400",
+             "--crash-rank", "2", "--crash-step", "4", "--sleep", "0.3",
+             "--checkpoint-dir", os.path.join(tmp, "ckpt")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            asyncio.run(shoot(server.url, job))
+        finally:
+            agent.terminate()
+            agent.wait(60)
+    for name in ("overview", "filtered", "failure", "confirm", "help"):
+        print(OUT / f"{name}.svg")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
