@@ -21,6 +21,8 @@ from elastic_console.console.state import (
     RESOURCE_HISTORY,
     ConnectionChange,
     JobView,
+    LogBuffer,
+    LogLine,
 )
 from elastic_console.console.text import sanitize, strip_sgr
 
@@ -336,7 +338,7 @@ def test_logs_dedupe_scrollback_bounds_and_versions():
     assert v.version == v0 + 1
     v.apply_logs(b)  # the same entry written twice by a retried XADD
     v.apply_logs(batch(0, ["first", "second"], seq=1))  # same key, other stream id
-    assert [line.text for line in v.logs_for(0)] == ["first", "second"]
+    assert [LogLine._make(line).text for line in v.logs_for(0)] == ["first", "second"]
     assert v.version == v0 + 1 and v.lines_total == 2
     # Other stream / attempt / node with the same seq are different batches.
     v.apply_logs(batch(0, ["err line"], seq=1, stream="err"))
@@ -349,18 +351,18 @@ def test_logs_dedupe_scrollback_bounds_and_versions():
             v.apply_logs(batch(rank, [f"r{rank} l{i}.{k}" for k in range(5)], seq=next(seq)))
     assert all(len(v.logs_for(r)) == 100 for r in (0, 1, 2))
     assert len(v.all_logs) == 250 and v.lines_total == 4 + 3 * 2000 * 5
-    assert v.logs_for(2)[-1].text == "r2 l1999.4"
-    assert [(line.rank, line.text) for line in v.tail(3)] == [
+    assert LogLine._make(v.logs_for(2)[-1]).text == "r2 l1999.4"
+    assert [(rank, text) for _, rank, _, text in v.tail(3)] == [
         (2, "r2 l1999.2"), (2, "r2 l1999.3"), (2, "r2 l1999.4")]
-    assert [line.text for line in v.tail(2, rank=1)] == ["r1 l1999.3", "r1 l1999.4"]
+    assert [text for *_, text in v.tail(2, rank=1)] == ["r1 l1999.3", "r1 l1999.4"]
     assert v.tail(1, rank=0, stream="err") == []  # pushed out of rank 0's scrollback
-    assert v.ranks[2].last_line_ms == v.logs_for(2)[-1].server_ms > 0
+    assert v.ranks[2].last_line_ms == LogLine._make(v.logs_for(2)[-1]).server_ms > 0
 
 
 def test_log_text_is_sanitized_on_the_way_in_and_lines_can_precede_workers_started():
     v = JobView("j")
     v.apply_logs(batch(5, [f"{ESC}]0;pwned\x07 {ESC}[31mred{ESC}[0m"], seq=1, node="h-9-q"))
-    line = v.logs_for(5)[0]
+    line = LogLine._make(v.logs_for(5)[0])
     assert line.text == f"\\x1b]0;pwned\\x07 {ESC}[31mred{ESC}[0m" and line.stream == "out"
     assert v.ranks[5].node == "h-9-q" and v.ranks[5].host == "h"
     v.apply_event(ev(EventType.WORKERS_STARTED, "h-9-q", ranks=[5], local_ranks=[1], pids=[9],
@@ -417,3 +419,31 @@ def test_apply_logs_keeps_up_with_1024_ranks():
     elapsed = time.perf_counter() - t0
     assert v.lines_total == 1024 * 4 * 25
     assert elapsed < 1.0, f"{v.lines_total} lines took {elapsed:.2f} s"  # ~100k lines
+
+
+def test_logs_live_in_ring_buffers_of_plain_tuples():
+    v = JobView("j", scrollback=3, all_scrollback=5)
+    assert v.scrollback == 3 and v.all_scrollback == 5
+    assert JobView("k", scrollback=10, all_scrollback=4).all_scrollback == 10  # >= one rank
+    ring = v.buffer_for(7)  # before rank 7 printed: a view can point at it already
+    assert isinstance(ring, LogBuffer) and len(ring) == 0 and v.buffer_for(7) is ring
+    v.apply_logs(batch(7, ["a", "b", "c", "d"], seq=1))
+    v.apply_logs(batch(1, ["x", "y"], seq=1))
+    assert [t for *_, t in ring] == ["b", "c", "d"] and ring.total_appended == 4
+    assert [t for *_, t in v.all_logs] == ["b", "c", "d", "x", "y"] and v.lines_total == 6
+    line = v.all_logs[-1]
+    assert type(line) is tuple and LogLine._make(line).rank == 1  # plain tuple, LogLine fields
+    assert v.all_logs[-1] is v.logs_for(1)[-1]  # the same object in both rings
+    assert len(v.logs_for(99)) == 0 and 99 not in v.logs  # asking does not create
+
+
+def test_timeline_total_counts_past_the_limit():
+    v = JobView("j", timeline_limit=3)
+    for i in range(5):
+        v.apply_event(ev(EventType.NODE_JOINED, f"n{i}-1-x", host=f"h{i}"))
+    assert len(v.timeline) == 3 and v.timeline_total == 5
+    v.add_note(123, "command", "restart command c-1 sent")
+    assert v.timeline[-1][:3] == (123, "command", "restart command c-1 sent")
+    v.add_note(124, "command", "evil \x1b]0;x\x07", "tb \x1b[2J")
+    assert v.timeline[-1].text == "evil \\x1b]0;x\\x07" and v.timeline[-1].detail == "tb \\x1b[2J"
+    assert v.timeline_total == 7

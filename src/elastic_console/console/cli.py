@@ -6,7 +6,7 @@
     elastic-console events JOB [--follow] [--json]
     elastic-console restart JOB [--yes] [--timeout S]
     elastic-console stop JOB [--yes] [--timeout S]
-    elastic-console attach JOB [--read-only]
+    elastic-console attach JOB [--read-only] [--scrollback N]
 
 ``--redis URL`` (before or after the subcommand) names the server; default
 ``$ELASTIC_REDIS_URL``, else ``redis://127.0.0.1:6379``.
@@ -52,7 +52,14 @@ from elastic_console.agent.protocol import (
 )
 
 from .client import Ack, JobClient
-from .state import BatchDeduper, ConnectionChange, JobView, RankState
+from .state import (
+    DEFAULT_ALL_SCROLLBACK,
+    DEFAULT_SCROLLBACK,
+    BatchDeduper,
+    ConnectionChange,
+    JobView,
+    RankState,
+)
 from .text import sanitize, strip_sgr
 
 PROG = "elastic-console"
@@ -80,6 +87,13 @@ def _nonneg_int(value: str) -> int:
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
     if n < 0:
         raise argparse.ArgumentTypeError(f"{value!r} is negative")
+    return n
+
+
+def _positive_int(value: str) -> int:
+    n = _nonneg_int(value)
+    if n == 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not positive")
     return n
 
 
@@ -137,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     at = sub.add_parser("attach", parents=[common], help="the live terminal console")
     at.add_argument("job", metavar="JOB")
     at.add_argument("--read-only", action="store_true", help="never send commands")
+    at.add_argument("--scrollback", type=_positive_int, default=DEFAULT_SCROLLBACK, metavar="N",
+                    help=f"log lines kept per rank (default {DEFAULT_SCROLLBACK}); all ranks "
+                         f"interleaved keep max(N, {DEFAULT_ALL_SCROLLBACK})")
     return p
 
 
@@ -517,26 +534,33 @@ async def _command(ep: Endpoint, args: argparse.Namespace) -> int:
 # -- attach -------------------------------------------------------------------------------
 
 def _attach(ep: Endpoint, args: argparse.Namespace) -> int:
-    """Start the Textual app: ``run_app(endpoint=..., job_id=..., read_only=...)`` from
-    ``elastic_console.console.app``, imported here only (the other subcommands never load
-    Textual). Its return value, if an int, is the exit status."""
+    """Start the Textual app: ``run_app(endpoint=..., job_id=..., read_only=..., scrollback=...)``
+    from ``elastic_console.console.app``, imported here only (the other subcommands never load
+    Textual). Its return value, if an int, is the exit status.
+
+    A job that does not exist yet is not an error: the app waits for it (and lists the jobs it
+    knows). An unreachable Redis is, at start: one line now beats a banner on a blank screen.
+    Without a terminal there is nothing to show: status 2 (scripts use status/logs/events).
+    """
     job = _job(args)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise CliError("attach needs a terminal (stdin and stdout are not both a tty); "
+                       f"scripts can use {PROG} status, logs and events", EXIT_USAGE)
     try:
-        from elastic_console.console.app import run_app  # type: ignore[import-not-found]
+        from elastic_console.console.app import run_app
     except ModuleNotFoundError as exc:
-        if exc.name != "elastic_console.console.app":
-            raise CliError(f"the console app cannot start: {exc}") from None
-        raise CliError("the attach console is not available in this build "
-                       "(elastic_console.console.app is missing); use status, logs and "
-                       "events meanwhile", EXIT_USAGE) from None
+        raise CliError(f"the console app cannot start: {exc}") from None
 
     async def check() -> int:
-        client = await _open(ep, job)
-        await client.close()
+        client = JobClient(ep, job)
+        try:
+            await client.job_exists()  # raises RedisUnavailableError with one sentence
+        finally:
+            await client.close()
         return EXIT_OK
 
     _run(check())
-    code = run_app(endpoint=ep, job_id=job, read_only=args.read_only)
+    code = run_app(endpoint=ep, job_id=job, read_only=args.read_only, scrollback=args.scrollback)
     return code if isinstance(code, int) else EXIT_OK
 
 

@@ -50,8 +50,20 @@ hand-written entry) when the same node wrote the same type with the same data am
 few hundred events (events carry pids, timestamps or counters, so a genuine repeat is never
 identical; ``logs_dropped`` is exempt).
 
-Memory is bounded: ``scrollback`` lines per rank, ``all_scrollback`` lines in the interleaved
-all-ranks view (the same line objects, shared), a bounded timeline, bounded resource history.
+Memory is bounded: ``scrollback`` lines per rank (default 2,000), ``all_scrollback`` lines in the
+interleaved all-ranks view (default 200,000; the same line objects, shared), a bounded timeline,
+bounded resource history. For 1,024 ranks that is at most ~2M lines held (a few hundred MB of
+text at most, usually far less: most ranks print far fewer lines than that).
+
+Log lines live in :class:`~elastic_console.console.logbuffer.LogBuffer` rings (O(1) indexing,
+``total_appended`` tells a view what is new), one per rank and one for all ranks, so a log view
+shows one rank by pointing at that rank's ring: no filtering scan. A line is a *plain* tuple
+``(server_ms, rank, stream, text)``, field-compatible with
+:class:`~elastic_console.console.logbuffer.LogLine` (``LogLine._make(line)`` names the fields):
+CPython stops tracking a plain tuple of atomic values in the cyclic GC, a NamedTuple instance
+stays tracked for life, and 200k tracked lines made every full collection ~40 ms longer
+(``bench/log_view_bench.py``, "tuned").
+
 Text that came from the job (log lines, host names, messages) is passed through
 :func:`elastic_console.console.text.sanitize` on the way in, so everything this view holds is
 safe to show; render it with ``Text.from_ansi``, never as markup.
@@ -64,11 +76,16 @@ import logging
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, NamedTuple
 
 from elastic_console.agent.protocol import Event, EventType, LogBatch
 
+from .logbuffer import LogBuffer, LogLine
 from .text import sanitize
+
+__all__ = ["BatchDeduper", "ConnectionChange", "JobView", "LogBuffer", "LogLine", "NodeInfo",
+           "RankState", "TimelineEntry"]
 
 log = logging.getLogger(__name__)
 
@@ -122,15 +139,6 @@ class RankState:
     sample_ts: float | None = None  # the last sample's own timestamp: a repeat is not new
 
 
-class LogLine(NamedTuple):
-    """One line of a worker's output. ``text`` is already sanitized (SGR kept)."""
-
-    server_ms: int
-    rank: int
-    stream: str  # 'out' | 'err'
-    text: str
-
-
 class TimelineEntry(NamedTuple):
     """One thing that happened to the job, in server time. ``detail``: e.g. a traceback."""
 
@@ -178,7 +186,9 @@ class BatchDeduper:
         return False
 
 
-_new_line = tuple.__new__  # builds a LogLine without NamedTuple's argument parsing (2x faster)
+#: Default lines kept per rank, and for all ranks interleaved (see the module docstring).
+DEFAULT_SCROLLBACK = 2_000
+DEFAULT_ALL_SCROLLBACK = 200_000
 
 
 class JobView:
@@ -189,19 +199,22 @@ class JobView:
     ``created_ms``, ``connected``, ``endpoint``, ``connection_error``.
     Ranks: ``ranks`` (global rank -> :class:`RankState`).
     Timeline: ``timeline``, a deque of :class:`TimelineEntry` bounded by ``timeline_limit``,
-    oldest first.
-    Logs: ``logs`` (rank -> deque of :class:`LogLine`, ``scrollback`` lines each) and
-    ``all_logs`` (every rank interleaved in arrival order, ``all_scrollback`` lines, default
-    4x ``scrollback``; the same objects as the per-rank deques). ``lines_total`` counts every
-    line ever appended to ``all_logs``: a UI that remembers it knows how many lines are new.
+    oldest first; ``timeline_total`` counts every entry ever added (a UI that remembers it
+    knows how many are new, and how many fell off the front).
+    Logs: ``logs`` (rank -> :class:`LogBuffer` of ``scrollback`` lines) and ``all_logs``
+    (one :class:`LogBuffer` of every rank interleaved in arrival order, ``all_scrollback``
+    lines; the same tuples as the per-rank rings). ``lines_total`` counts every line ever
+    appended to ``all_logs``. :meth:`buffer_for` gives a rank's ring even before it printed,
+    so a view can point at it and see its first lines arrive.
     Change tracking: ``version`` goes up on every change, never otherwise.
     """
 
-    def __init__(self, job_id: str, scrollback: int = 10_000, *, all_scrollback: int | None = None,
-                 timeline_limit: int = TIMELINE_LIMIT) -> None:
+    def __init__(self, job_id: str, scrollback: int = DEFAULT_SCROLLBACK, *,
+                 all_scrollback: int | None = None, timeline_limit: int = TIMELINE_LIMIT) -> None:
         self.job_id = job_id
         self.scrollback = max(1, int(scrollback))
-        self.all_scrollback = max(1, int(all_scrollback or 4 * self.scrollback))
+        # The interleaved ring holds at least one rank's worth (a 1-rank job loses nothing).
+        self.all_scrollback = max(self.scrollback, int(all_scrollback or DEFAULT_ALL_SCROLLBACK))
         # -- header
         self.state: str = WAITING
         self.round: int | None = None
@@ -220,9 +233,9 @@ class JobView:
         # -- ranks, timeline, logs
         self.ranks: dict[int, RankState] = {}
         self.timeline: deque[TimelineEntry] = deque(maxlen=timeline_limit)
-        self.logs: dict[int, deque[LogLine]] = {}
-        self.all_logs: deque[LogLine] = deque(maxlen=self.all_scrollback)
-        self.lines_total: int = 0
+        self.timeline_total: int = 0
+        self.logs: dict[int, LogBuffer] = {}
+        self.all_logs: LogBuffer = LogBuffer(self.all_scrollback)
         self.lines_dropped: int = 0
         # -- bookkeeping
         self.version: int = 0
@@ -253,9 +266,26 @@ class JobView:
         return {n: self.nodes[n].host for n in ids
                 if n in self.nodes and self.nodes[n].status == JOINED}
 
-    def logs_for(self, rank: int) -> deque[LogLine]:
-        """The scrollback of one rank, oldest first (empty if it never printed)."""
-        return self.logs.get(rank) or deque()
+    @property
+    def lines_total(self) -> int:
+        """Lines ever appended to the interleaved view (monotonic)."""
+        return self.all_logs.total_appended
+
+    def logs_for(self, rank: int) -> LogBuffer:
+        """The scrollback of one rank, oldest first (an empty ring if it never printed).
+
+        Does not create the rank's ring: use :meth:`buffer_for` to hold on to it.
+        """
+        buf = self.logs.get(rank)
+        return buf if buf is not None else LogBuffer(1)
+
+    def buffer_for(self, rank: int) -> LogBuffer:
+        """The ring of one rank, created empty if it never printed: a view pointed at it sees
+        the rank's lines as they arrive."""
+        buf = self.logs.get(rank)
+        if buf is None:
+            buf = self.logs[rank] = LogBuffer(self.scrollback)
+        return buf
 
     def tail(self, n: int, rank: int | None = None, stream: str | None = None) -> list[LogLine]:
         """The last ``n`` lines of one rank (or all ranks interleaved), optionally one stream."""
@@ -263,8 +293,9 @@ class JobView:
         if n <= 0:
             return []
         out: list[LogLine] = []
-        for line in reversed(source):
-            if stream is None or line.stream == stream:
+        for i in range(len(source) - 1, -1, -1):  # O(1) indexing from the newest end
+            line = source[i]
+            if stream is None or line[2] == stream:
                 out.append(line)
                 if len(out) >= n:
                     break
@@ -272,6 +303,14 @@ class JobView:
         return out
 
     # -- inputs ----------------------------------------------------------------------------
+    def add_note(self, server_ms: int, kind: str, text: str, detail: str = "") -> None:
+        """Add a timeline entry that is not an event (e.g. "restart command c-1 sent" by this
+        console). Text is sanitized like everything else."""
+        self.timeline.append(TimelineEntry(int(server_ms), kind, sanitize(str(text)),
+                                           _detail(detail)))
+        self.timeline_total += 1
+        self.version += 1
+
     def set_connection(self, connected: bool, endpoint_display: str, error: str = "") -> None:
         """Record whether the client reaches Redis (``endpoint_display``: password-free)."""
         error = sanitize(str(error)) if not connected else ""
@@ -346,17 +385,18 @@ class JobView:
             if self._dedupe.seen(batch):
                 return
             ms = batch.server_ms
-            made = [_new_line(LogLine, (ms, rank, stream, text))
-                    for text in map(sanitize, lines)]
+            # Plain tuples (see the module docstring): untracked by the cyclic GC. zip builds
+            # them at C speed.
+            n = len(lines)
+            made = list(zip(repeat(ms, n), repeat(rank, n), repeat(stream, n), map(sanitize, lines)))
         except Exception:
             self.ignored += 1
             return
-        dq = self.logs.get(rank)
-        if dq is None:
-            dq = self.logs[rank] = deque(maxlen=self.scrollback)
-        dq.extend(made)
-        self.all_logs.extend(made)
-        self.lines_total += len(made)
+        buf = self.logs.get(rank)
+        if buf is None:
+            buf = self.logs[rank] = LogBuffer(self.scrollback)
+        buf.extend(made)  # type: ignore[arg-type]  # plain 4-tuples, LogLine-compatible
+        self.all_logs.extend(made)  # type: ignore[arg-type]
         rs = self.ranks.get(rank)
         if rs is None and (self.world_size is None or 0 <= rank < self.world_size):
             # Lines can arrive before the workers_started event (different streams).
@@ -426,6 +466,7 @@ class JobView:
     def _note(self, ev: Event, kind: str, text: str, detail: Any = "") -> None:
         self.timeline.append(TimelineEntry(ev.server_ms, kind, sanitize(text),
                                            _detail(detail)))
+        self.timeline_total += 1
 
     def _node(self, node_id: str, host: Any = None) -> NodeInfo:
         info = self.nodes.get(node_id)

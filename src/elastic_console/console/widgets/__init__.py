@@ -1,4 +1,11 @@
-"""Textual widgets of the console."""
+"""Textual widgets of the console, one module per area.
+
+``log_view`` (LogView over a LogBuffer), ``header`` (job facts, the Redis banner),
+``rank_table``, ``timeline``, ``sparklines`` (CPU/RSS of the selected rank), ``log_panel``
+(the log title and the ``/`` filter bar), ``dialogs`` (confirm a command, an entry in full),
+``help`` (the ``?`` screen), ``waiting`` (the job does not exist yet); ``common`` turns
+untrusted text into Rich ``Text`` and formats numbers.
+"""
 
 from .log_view import LogBuffer, LogLine, LogView
 

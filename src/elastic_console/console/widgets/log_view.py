@@ -58,6 +58,7 @@ from textual.message import Message
 from textual.reactive import var
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+from textual.widget import Widget
 
 from ..logbuffer import LogBuffer, LogLine
 from ..text import sanitize, strip_sgr
@@ -591,7 +592,7 @@ class LogView(ScrollView, can_focus=True):
             return
         self._internal += 1
         try:
-            self.virtual_size = self._virtual_size()
+            self._set_virtual_size(self._virtual_size())
             if self.follow:
                 self._scroll_end()
             elif top_seq is not None:
@@ -602,6 +603,21 @@ class LogView(ScrollView, can_focus=True):
                 self.scroll_to(y=max(0, round(self.scroll_y) - rows_dropped), animate=False)
         finally:
             self._internal -= 1
+        self.refresh()
+
+    def _set_virtual_size(self, size: Size) -> None:
+        """Publish a new virtual size without relayouting the whole screen.
+
+        ``Widget.virtual_size`` is a layout reactive: assigning it relayouts every widget on
+        the screen (~12 ms with the console's ~30 widgets), and a following view changes it on
+        every refresh (10-20 times a second). Only this view's scrollbars depend on it (its height
+        is never ``auto``), so they are updated directly; if one has to appear or disappear,
+        Textual relayouts by itself (their ``display`` changes).
+        """
+        if size == self.virtual_size:
+            return
+        self.set_reactive(Widget.virtual_size, size)
+        self._scroll_update(size)
         self.refresh()
 
     def _scroll_end(self) -> None:

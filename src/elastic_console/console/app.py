@@ -1,0 +1,846 @@
+"""`elastic-console attach JOB`: the live console of one job (Textual).
+
+One screen: the job header, a red banner while Redis is unreachable, the rank table, the
+selected rank's CPU/RSS sparklines, the timeline, and the log view; a footer with the keys.
+``?`` lists every key, ``ctrl+p`` finds any command by name.
+
+Architecture
+
+* I/O lives in :class:`~elastic_console.console.client.JobClient`. The app runs it in async
+  workers on its own event loop (``@work``, ``exit_on_error=False``: a Redis problem is shown,
+  never fatal):
+
+  - ``attach``: does the job exist? If not, :class:`~.widgets.waiting.WaitingScreen` polls
+    until it does (or the user picks another job);
+  - ``reader``: the job's meta and the history Redis kept (``client.history``), folded into
+    the :class:`~elastic_console.console.state.JobView` in slices that yield to the UI, then
+    ``client.follow()`` forever. ``follow`` rides out outages itself (it resumes from the
+    last ids: no gap, no duplicate) and yields ``ConnectionChange`` records;
+  - ``poll``: resource samples every second, the meta hash every few seconds;
+  - ``acl``: may this Redis user write the command stream (``client.can_write``)?
+  - ``commands``: send a command, then wait for the agents' acks (``client.wait_acks``).
+
+* Workers fold records into the JobView directly (same loop, no locks) and post messages
+  (:mod:`elastic_console.console.messages`) only for discrete happenings: connection lost or
+  back, history loaded, write access known, a command sent, an ack, a command's outcome.
+
+* Refresh policy: records never redraw anything. A 10 Hz timer compares ``JobView.version``
+  with the version drawn and, only if it moved, refreshes the header, the log view (it folds
+  in just the new lines), the timeline (just the new entries) and the banner. The rank table
+  is synced at most 4 times a second (the visible rows, changed cells only) and its order
+  once a second; sparklines only when the selected rank's samples changed. Keys act at once
+  (they do not wait for the timer). Why 10 Hz: every frame costs Textual ~5 ms of compositing
+  whatever changed; following 40 lines/s took 13% of a core at 20 Hz, 8% at 10 Hz.
+
+Untrusted text (log lines, host names, messages, tracebacks, Redis errors) is shown through
+``Text`` objects built by :func:`~.widgets.common.safe_text` or the LogView, never as markup:
+notifications use ``markup=False`` and every ``Static`` is created with ``markup=False``.
+
+Commands (``r`` restart, ``s`` stop, ``K`` SIGTERM the selected rank) always go through a
+confirm dialog whose default is Cancel. They are disabled, visibly in the footer and the help,
+and explained when pressed, with ``--read-only``, when the Redis user may not write the command
+stream, before the job's state is known, once the job has ended, and while no agent runs.
+``q`` detaches: it never stops the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual import on, work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, OptionList
+from textual.worker import Worker, WorkerState
+
+from elastic_console.agent.connection import Endpoint, RedisUnavailableError
+from elastic_console.agent.protocol import CommandType, Event, LogBatch
+
+from .client import Ack, ConnectionChange, JobClient
+from .messages import (
+    AckArrived,
+    CommandFinished,
+    CommandSent,
+    ConnectionChanged,
+    HistoryLoaded,
+    JobAppeared,
+    JobMissing,
+    ReaderFailed,
+    WriteAccess,
+)
+from .state import DEFAULT_ALL_SCROLLBACK, DEFAULT_SCROLLBACK, FINAL_STATES, RUNNING, JobView
+from .text import sanitize
+from .widgets.dialogs import CommandDialog, DetailScreen
+from .widgets.header import Banner, JobHeader
+from .widgets.help import HelpScreen, KeyHelp
+from .widgets.log_panel import FilterBar, LogTitle
+from .widgets.log_view import LogView
+from .widgets.rank_table import RankTable
+from .widgets.sparklines import ResourcePanel
+from .widgets.timeline import Timeline
+from .widgets.waiting import WaitingScreen
+
+__all__ = ["ConsoleApp", "run_app"]
+
+logger = logging.getLogger(__name__)
+
+REFRESH_S = 0.1  # UI refresh from the JobView: at most 10 times a second (see the module doc)
+TABLE_S = 0.25  # visible rank rows
+TABLE_FULL_S = 1.0  # rank order (sorting), and "seconds since last line" everywhere
+POLL_S = 1.0  # resource samples are written once a second
+META_EVERY = 5  # meta hash: every fifth poll
+HISTORY_EVENTS = 10_000
+HISTORY_ENTRIES_TOTAL = 100_000  # log entries read on attach, over all node streams...
+HISTORY_ENTRIES_MIN = 500  # ...but at least this many per stream
+FOLD_SLICE = 500  # history records folded between yields to the UI
+FOLD_BUDGET_S = 0.02  # live records folded before yielding to the UI
+RETRY_START_S, RETRY_MAX_S = 0.5, 5.0
+REFUSED_RETRY_S = 5.0  # a refusal (NOPERM...) is retried slowly
+FILTER_DEBOUNCE_S = 0.12  # a 200k-line rescan per keystroke would lag typing
+ACK_TIMEOUT_S = 10.0
+
+#: (section, keys shown, description, action or None): the help screen's table; the
+#: bindings below carry the same keys.
+KEY_HELP: tuple[tuple[str, str, str, str | None], ...] = (
+    ("Job", "r", "restart the worker group (confirm; shows the acks)", "restart"),
+    ("Job", "s", "stop the job on every node (confirm; shows the acks)", "stop"),
+    ("Job", "K", "send SIGTERM to the selected rank (confirm)", "kill_rank"),
+    ("Job", "q", "detach (the job keeps running)", None),
+    ("Logs", "/", "filter lines by regex (smart case); enter keeps it, esc clears it", None),
+    ("Logs", "a", "all ranks interleaved / the selected rank only", None),
+    ("Logs", "e", "stderr only", None),
+    ("Logs", "w", "wrap long lines", None),
+    ("Logs", "t", "timestamps", None),
+    ("Logs", "f  end", "follow new lines (scrolling up pauses)", None),
+    ("Logs", "↑↓ j k  pgup pgdn  home", "scroll (in the log view)", None),
+    ("Logs", "← →", "scroll sideways when not wrapping", None),
+    ("Ranks", "↑↓ j k  g G", "select a rank (its logs with `a`, its CPU/RSS)", None),
+    ("Ranks", "o  O", "sort by the next column / reverse (or click a header)", None),
+    ("Ranks", "", "QUIET: time since the rank's last log line; EXIT: code or signal", None),
+    ("Timeline", "↑↓ j k", "move in the timeline", None),
+    ("Timeline", "enter", "the entry in full (a failure's traceback)", None),
+    ("Anywhere", "tab  shift+tab", "move between ranks, timeline and logs", None),
+    ("Anywhere", "esc", "back: close a dialog, the filter, this help", None),
+    ("Anywhere", "?", "this help", None),
+    ("Anywhere", "ctrl+p", "command palette: every command by name", None),
+)
+
+_VERBS = {"restart": "restart", "stop": "stop", "kill_rank": "signal"}
+
+
+class ConsoleApp(App[int]):
+    """The console of one job. See the module docstring.
+
+    ``endpoint`` (or a ready ``client``) connects it to Redis. Without either it shows the
+    given ``view`` as it is (no I/O at all): that is how the snapshot tests draw fixed screens.
+    ``clock`` (server ms, for "seconds since the last line") defaults to the local clock
+    corrected by the server times seen; ``utc`` shows times in UTC.
+    """
+
+    TITLE = "elastic-console"
+    # Absolute: Textual resolves a relative CSS_PATH next to the module of the *subclass*.
+    CSS_PATH = Path(__file__).with_name("console.tcss")
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Detach", id="console.detach"),
+        Binding("question_mark", "help", "Help", id="console.help"),
+        Binding("slash", "filter", "Filter", id="console.filter"),
+        Binding("a", "toggle_all", "All/rank", id="console.all_ranks"),
+        Binding("e", "toggle_stderr", "Stderr", id="console.stderr"),
+        Binding("w", "toggle_wrap", "Wrap", id="console.wrap"),
+        Binding("t", "toggle_timestamps", "Times", id="console.timestamps"),
+        Binding("f", "follow", "Follow", show=False, id="console.follow"),
+        Binding("o", "sort", "Sort", id="console.sort"),
+        Binding("O", "sort(True)", "Reverse sort", show=False, id="console.sort_reverse"),
+        # Each command key has a hidden twin: when the command is disabled (check_action ->
+        # None: shown dimmed, not run) the key falls through to the twin, which says why.
+        Binding("r", "restart", "Restart", id="console.restart"),
+        Binding("r", "disabled('restart')", show=False, id="console.restart_disabled"),
+        Binding("s", "stop", "Stop", id="console.stop"),
+        Binding("s", "disabled('stop')", show=False, id="console.stop_disabled"),
+        Binding("K", "kill_rank", "SIGTERM", id="console.kill"),
+        Binding("K", "disabled('kill_rank')", show=False, id="console.kill_disabled"),
+        Binding("escape", "back", "Back", show=False, id="console.back"),
+    ]
+
+    def __init__(
+        self,
+        job_id: str,
+        *,
+        endpoint: Endpoint | None = None,
+        client: JobClient | None = None,
+        view: JobView | None = None,
+        read_only: bool = False,
+        scrollback: int = DEFAULT_SCROLLBACK,
+        all_scrollback: int | None = None,
+        utc: bool = False,
+        clock: Callable[[], int] | None = None,
+        ack_timeout: float = ACK_TIMEOUT_S,
+        cursor_blink: bool = True,
+        freeze_gc: bool = False,
+    ) -> None:
+        super().__init__()
+        self.job_id = job_id
+        self._owns_client = client is None and endpoint is not None
+        self.client: JobClient | None = client or (
+            JobClient(endpoint, job_id) if endpoint is not None else None)
+        ep = endpoint or (self.client.endpoint if self.client is not None else None)
+        self.scrollback = scrollback
+        self.all_scrollback = all_scrollback or max(DEFAULT_ALL_SCROLLBACK, scrollback)
+        self.view: JobView = view or self._new_view(job_id)
+        # Offline, the view's own record of where it came from is all there is to show.
+        self.endpoint_display = sanitize(ep.display if ep is not None else
+                                         self.view.endpoint or "(offline)")
+        self.read_only_flag = read_only
+        self.write_denied = ""  # why the Redis user may not write commands ("" if it may)
+        self.loaded = self.client is None  # the history was read (offline: the view is all)
+        self.utc = utc
+        self.ack_timeout = ack_timeout
+        self.cursor_blink = cursor_blink
+        self.all_ranks = True  # the log view shows every rank interleaved
+        self.selected_rank: int | None = None
+        self.connect_error = ""  # before the history is read: why Redis cannot be reached
+        self.reader_error = ""  # a refusal the reader keeps hitting (NOPERM...)
+        self._clock = clock
+        self._server_offset_ms: float | None = None
+        self._freeze_gc = freeze_gc
+        self._drawn_version = -1
+        self._next_table = 0.0
+        self._next_full = 0.0
+        self._blocks: tuple[str, ...] | None = None
+        self._dialogs: dict[int, CommandDialog] = {}
+        self._filter_text = ""
+        self._filter_timer: Any = None
+        self._pending_pattern: re.Pattern[str] | None = None
+
+    def _new_view(self, job_id: str) -> JobView:
+        return JobView(job_id, self.scrollback, all_scrollback=self.all_scrollback)
+
+    # -- layout ------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        # Kept as attributes: ``App.query_one`` searches the screen on top (a dialog, the
+        # waiting screen), and the timer must reach these widgets whatever is on top.
+        self.header = JobHeader(id="header")
+        self.banner = Banner(id="banner")
+        self.rank_table = RankTable(id="ranks")
+        self.resources = ResourcePanel(id="resources")
+        self.timeline = Timeline(utc=self.utc, id="timeline")
+        self.log_title = LogTitle(id="log-title")
+        self.log_view = LogView(self.view.all_logs, utc=self.utc, id="log")
+        self.filter_bar = FilterBar(cursor_blink=self.cursor_blink, id="filter")
+        yield self.header
+        yield self.banner
+        with Horizontal(id="top"):
+            yield self.rank_table
+            yield self.resources
+        yield self.timeline
+        with Vertical(id="logs"):
+            yield self.log_title
+            yield self.log_view
+            yield self.filter_bar
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.main_screen = self.screen
+        self.filter_bar.display = False
+        self.rank_table.border_title = "Ranks"
+        self.timeline.border_title = "Timeline"
+        self.resources.border_title = "Resources"
+        self.rank_table.focus()
+        self.set_interval(REFRESH_S, self._tick)
+        self._tick(force=True)
+        if self.client is not None:
+            self._attach()
+        if self._freeze_gc:
+            # Startup objects (Textual's, ours) never die: keep full collections from
+            # walking them again and again (bench/log_view_bench.py, "tuned").
+            self.call_after_refresh(gc.freeze)
+
+    async def on_unmount(self) -> None:
+        if self._owns_client and self.client is not None:
+            with contextlib.suppress(Exception):
+                await self.client.close()
+
+    # -- clocks ----------------------------------------------------------------------------
+    def now_ms(self) -> int:
+        """Redis server time, as well as this console knows it (see ``clock``)."""
+        if self._clock is not None:
+            return self._clock()
+        return int(time.time() * 1000 + (self._server_offset_ms or 0.0))
+
+    def _saw_server_ms(self, ms: int) -> None:
+        # A live entry's id was the server's clock a moment ago: its offset from ours is a
+        # lower bound of the real one, off by the read latency. Keep the largest.
+        candidate = ms - time.time() * 1000
+        if self._server_offset_ms is None or candidate > self._server_offset_ms:
+            self._server_offset_ms = candidate
+
+    # -- workers -----------------------------------------------------------------------------
+    @work(exclusive=True, group="attach", exit_on_error=False)
+    async def _attach(self) -> None:
+        client = self.client
+        assert client is not None
+        delay = RETRY_START_S
+        while True:
+            try:
+                exists = await client.job_exists()
+                break
+            except RedisUnavailableError as exc:
+                self.connect_error = str(exc)
+                await asyncio.sleep(delay)  # retry backoff while Redis cannot be reached
+                delay = min(delay * 2, RETRY_MAX_S)
+        self.connect_error = ""
+        if exists:
+            self.post_message(JobAppeared(self.job_id))
+        else:
+            self.post_message(JobMissing(self.job_id))
+
+    @work(exclusive=True, group="reader", exit_on_error=False)
+    async def _read_job(self) -> None:
+        client, view = self.client, self.view
+        assert client is not None
+        delay = RETRY_START_S
+        while not self.loaded:
+            try:
+                meta = await client.meta()
+                events, batches = await client.history(
+                    max_events=HISTORY_EVENTS,
+                    max_log_entries_per_stream=await self._history_entries(client, meta))
+            except RedisUnavailableError as exc:
+                self.connect_error = str(exc)
+                await asyncio.sleep(delay)  # retry backoff while Redis cannot be reached
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            self.connect_error = ""
+            view.apply_meta(meta)
+            view.set_connection(True, self.endpoint_display)
+            for records in (events, batches):
+                for i in range(0, len(records), FOLD_SLICE):
+                    for rec in records[i:i + FOLD_SLICE]:
+                        view.apply(rec)
+                    await asyncio.sleep(0)  # let the UI draw and take keys between slices
+            self.loaded = True
+            self.post_message(HistoryLoaded(len(events), view.lines_total))
+        while True:
+            try:
+                budget = time.monotonic()
+                async for rec in client.follow():
+                    if isinstance(rec, ConnectionChange):
+                        view.set_connection(rec.connected, self.endpoint_display, rec.error)
+                        self.post_message(ConnectionChanged(rec.connected, rec.error))
+                    else:
+                        view.apply(rec)
+                        if isinstance(rec, (Event, LogBatch)):
+                            self._saw_server_ms(rec.server_ms)
+                    if self.reader_error:
+                        self.reader_error = ""
+                    if time.monotonic() - budget > FOLD_BUDGET_S:
+                        await asyncio.sleep(0)  # a big reply must not freeze the keys
+                        budget = time.monotonic()
+            except RedisUnavailableError as exc:
+                self.post_message(ReaderFailed(str(exc)))
+                await asyncio.sleep(REFUSED_RETRY_S)  # waiting does not cure a refusal fast
+            except Exception as exc:  # a bug must not leave a silently frozen screen
+                logger.exception("the reader failed")
+                self.post_message(ReaderFailed(f"internal error: {type(exc).__name__}: {exc}"))
+                await asyncio.sleep(REFUSED_RETRY_S)
+
+    async def _history_entries(self, client: JobClient, meta: dict[str, str]) -> int:
+        """Log entries to read per node stream on attach.
+
+        Enough for every rank's scrollback (an entry holds lines of one of the node's
+        ``nproc`` ranks, often a single line), but at most ``HISTORY_ENTRIES_TOTAL`` over all
+        streams: ``client.history`` reads and decodes in one go, ~25 us an entry, and the
+        console shows nothing new meanwhile. A probe (one entry per stream) counts them.
+        """
+        nproc = max(1, _to_int(meta.get("nproc_per_node"), 8))
+        await client.history(max_events=1, max_log_entries_per_stream=0)
+        streams = max(1, len(client.last_ids) - 1)  # the cursor: the events + each log stream
+        return max(1, min(self.scrollback * nproc, max(HISTORY_ENTRIES_MIN,
+                                                       HISTORY_ENTRIES_TOTAL // streams)))
+
+    @work(exclusive=True, group="poll", exit_on_error=False)
+    async def _poll(self) -> None:
+        client, view = self.client, self.view
+        assert client is not None
+        n = 0
+        while True:
+            with contextlib.suppress(RedisUnavailableError):  # the reader reports outages
+                view.apply_resources(await client.resources())
+                if n % META_EVERY == 0:
+                    view.apply_meta(await client.meta())
+            n += 1
+            await asyncio.sleep(POLL_S)  # samples are written once a second
+
+    @work(exclusive=True, group="acl", exit_on_error=False)
+    async def _check_write(self) -> None:
+        client = self.client
+        assert client is not None
+        delay = RETRY_START_S
+        while True:
+            try:
+                ok, why = await client.can_write()
+                break
+            except RedisUnavailableError:
+                await asyncio.sleep(delay)  # retry backoff while Redis cannot be reached
+                delay = min(delay * 2, RETRY_MAX_S)
+        self.post_message(WriteAccess(ok, why))
+
+    @work(group="commands", exit_on_error=False)
+    async def _send(self, token: int, kind: str, args: dict[str, Any], target: str,
+                    expected: dict[str, str]) -> None:
+        client = self.client
+        if client is None:
+            self.post_message(CommandFinished(token, "", kind, [], expected, 0.0,
+                                              error="this console is not connected to Redis"))
+            return
+        try:
+            cid = await client.send_command(kind, args, target=target)
+        except (RedisUnavailableError, ValueError) as exc:
+            self.post_message(CommandFinished(token, "", kind, [], expected, 0.0, error=str(exc)))
+            return
+        self.post_message(CommandSent(token, cid, kind, expected))
+
+        def on_ack(ack: Ack) -> None:
+            self.post_message(AckArrived(token, cid, ack))
+
+        try:
+            acks = await client.wait_acks(cid, expected_nodes=len(expected),
+                                          timeout=self.ack_timeout, on_ack=on_ack)
+        except RedisUnavailableError as exc:
+            self.post_message(CommandFinished(token, cid, kind, [], expected, self.ack_timeout,
+                                              error=f"sent, but its acks cannot be read: {exc}"))
+            return
+        answered = {a.node for a in acks}
+        missing = {n: h for n, h in expected.items() if n not in answered}
+        self.post_message(CommandFinished(token, cid, kind, acks, missing, self.ack_timeout))
+
+    # -- worker messages ---------------------------------------------------------------------
+    def on_job_appeared(self, message: JobAppeared) -> None:
+        self._start_reading()
+
+    def on_job_missing(self, message: JobMissing) -> None:
+        assert self.client is not None
+        self.push_screen(WaitingScreen(self.client, self.endpoint_display), self._job_chosen)
+
+    def _job_chosen(self, job_id: str | None) -> None:
+        if job_id and job_id != self.job_id:
+            self._switch_job(job_id)
+        self._start_reading()
+
+    def _switch_job(self, job_id: str) -> None:
+        """Attach to another job (picked on the waiting screen) instead."""
+        old = self.client
+        assert old is not None
+        self.client = JobClient(old.endpoint, job_id)
+        self._owns_client = True
+        self.run_worker(old.close(), group="close", exit_on_error=False)
+        self.job_id = job_id
+        self.view = self._new_view(job_id)
+        self.timeline.reset()
+        self.rank_table.reset()
+        self.rank_table.sync(self.view, self.now_ms(), full=True)
+        self.selected_rank = None
+        self._point_log(force=True)
+        self._drawn_version = -1
+
+    def _start_reading(self) -> None:
+        self._read_job()
+        self._poll()
+        self._check_write()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        # Workers catch what they expect; anything else is a bug the user must hear about.
+        if event.state == WorkerState.ERROR:
+            error = event.worker.error
+            self.notify(f"{event.worker.group} worker failed: {type(error).__name__}: {error}",
+                        title="internal error", severity="error", markup=False)
+
+    def on_history_loaded(self, message: HistoryLoaded) -> None:
+        self._tick(force=True)
+
+    def on_connection_changed(self, message: ConnectionChanged) -> None:
+        if message.connected:
+            self.notify(f"reconnected to {self.endpoint_display}", markup=False)
+        self._tick(force=True)  # the banner now, not on the next version change
+
+    def on_reader_failed(self, message: ReaderFailed) -> None:
+        self.reader_error = message.error
+        self._tick(force=True)
+
+    def on_write_access(self, message: WriteAccess) -> None:
+        self.write_denied = "" if message.allowed else (message.reason or "not allowed")
+        self._refresh_blocks(force=True)
+        self._tick(force=True)
+
+    def on_command_sent(self, message: CommandSent) -> None:
+        dialog = self._live_dialog(message.token)
+        if dialog is not None:
+            dialog.sent(message.command_id, message.kind, message.expected, self.ack_timeout)
+        n = len(message.expected)
+        self.view.add_note(self.now_ms(), "command",
+                           f"{message.kind} command {message.command_id} sent from this console "
+                           f"to {n} agent{'' if n == 1 else 's'}")
+
+    def on_ack_arrived(self, message: AckArrived) -> None:
+        dialog = self._live_dialog(message.token)
+        if dialog is not None:
+            dialog.add_ack(message.ack)
+
+    def on_command_finished(self, message: CommandFinished) -> None:
+        summary, ok = _summary(message)
+        dialog = self._live_dialog(message.token)
+        self._dialogs.pop(message.token, None)
+        if dialog is not None:
+            dialog.finish(summary, ok)
+        if not ok:
+            self.view.add_note(self.now_ms(), "command", summary)
+        self.notify(summary, title=f"{message.kind} command", markup=False,
+                    severity="information" if ok else "error")
+
+    def _live_dialog(self, token: int) -> CommandDialog | None:
+        dialog = self._dialogs.get(token)
+        return dialog if dialog is not None and dialog in self.screen_stack else None
+
+    # -- refresh -----------------------------------------------------------------------------
+    def _tick(self, force: bool = False) -> None:
+        """Redraw what changed in the JobView (see "Refresh policy" in the module doc)."""
+        if not self.log_view.is_attached:
+            return  # shutting down: the widgets are gone
+        view = self.view
+        now = time.monotonic()
+        if force or view.version != self._drawn_version:
+            self._drawn_version = view.version
+            self.header.show(
+                view, self.endpoint_display, loaded=self.loaded, read_only=self._read_only_reason())
+            self.log_view.on_new_lines()
+            self.timeline.sync(view)
+            self._refresh_blocks()
+        self.banner.show(self._banner_message())
+        self.main_screen.set_class(self.loaded and not view.connected and self.client is not None,
+                                   "-disconnected")
+        if force or now >= self._next_table:
+            self._next_table = now + TABLE_S
+            full = force or now >= self._next_full
+            if full:
+                self._next_full = now + TABLE_FULL_S
+            self.rank_table.sync(view, self.now_ms(), full=full)
+            self._check_selection()
+        self.resources.show(view.ranks.get(self.selected_rank)
+                            if self.selected_rank is not None else None)
+        self._update_log_title()
+
+    def _banner_message(self) -> str | None:
+        # What is being done comes first: the reason can be longer than the screen is wide.
+        if self.reader_error:
+            return (f"Cannot read job {self.job_id} — retrying every {REFUSED_RETRY_S:g} s "
+                    f"({self.reader_error})")
+        if self.loaded and not self.view.connected and self.client is not None:
+            why = self.view.connection_error or "the connection was lost"
+            return f"Redis unreachable — reconnecting… ({why})"
+        if not self.loaded and self.connect_error:
+            return f"Redis unreachable — retrying… ({self.connect_error})"
+        return None
+
+    def _update_log_title(self) -> None:
+        log = self.log_view
+        if self.all_ranks:
+            source = "all ranks"
+        elif self.selected_rank is None:
+            source = "no rank selected"
+        else:
+            source = f"rank {self.selected_rank}"
+        self.log_title.show(
+            source=source, follow=log.follow, pattern=self._filter_text,
+            stderr_only=log.stderr_only, wrap=log.wrap, timestamps=log.show_timestamps,
+            lines=log.line_count, loading=not self.loaded and self.client is not None)
+
+    def _check_selection(self) -> None:
+        rank = self.rank_table.selected_rank
+        if rank != self.selected_rank:
+            self.selected_rank = rank
+            if not self.all_ranks:
+                self._point_log()
+
+    def _point_log(self, force: bool = False) -> None:
+        """Show all ranks' ring, or the selected rank's: no filtering scan either way."""
+        log = self.log_view
+        if self.all_ranks:
+            source = self.view.all_logs
+        else:
+            source = (self.view.buffer_for(self.selected_rank)
+                      if self.selected_rank is not None else None)
+        tags = self.all_ranks  # one rank's lines need no rank column
+        if log.show_rank_tags != tags:
+            log.show_rank_tags = tags
+        if force or log.source is not source:
+            log.source = source
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table is self.rank_table:
+            self._check_selection()
+            self._update_log_title()
+
+    def on_rank_table_sort_changed(self, message: RankTable.SortChanged) -> None:
+        self._show_sort(message.description)
+
+    def on_log_view_follow_changed(self, message: LogView.FollowChanged) -> None:
+        self._update_log_title()
+
+    # -- commands: enabled or not --------------------------------------------------------------
+    def _read_only_reason(self) -> str:
+        if self.read_only_flag:
+            return "read-only (--read-only): this console never sends commands"
+        if self.write_denied:
+            return f"read-only: {self.write_denied}"
+        return ""
+
+    def block_reason(self, action: str) -> str:
+        """Why ``action`` (restart, stop, kill_rank) cannot be used now; ``""`` if it can."""
+        why = self._read_only_reason()
+        if why:
+            return why
+        view = self.view
+        verb = _VERBS.get(action, action)
+        if not self.loaded:
+            return "the job's state is still being read"
+        if view.state in FINAL_STATES:
+            return f"job {self.job_id} has already {view.state}: there is nothing to {verb}"
+        if not view.active_nodes():
+            return f"no agent of job {self.job_id} is running to receive a {verb} command"
+        return ""
+
+    def _refresh_blocks(self, force: bool = False) -> None:
+        blocks = tuple(self.block_reason(a) for a in _VERBS)
+        if force or blocks != self._blocks:
+            self._blocks = blocks
+            self.refresh_bindings()  # the footer shows the commands enabled or dimmed
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in _VERBS:
+            return None if self.block_reason(action) else True  # None: shown, dimmed
+        if action == "disabled":
+            return bool(parameters) and bool(self.block_reason(str(parameters[0])))
+        return True
+
+    def action_disabled(self, action: str) -> None:
+        self._explain(self.block_reason(action))
+
+    def _explain(self, why: str) -> None:
+        self.notify(why, title="Command disabled", severity="warning", markup=False)
+
+    # -- commands: dialogs ---------------------------------------------------------------------
+    def action_restart(self) -> None:
+        if why := self.block_reason("restart"):
+            self._explain(why)
+            return
+        expected = self.view.active_nodes()
+        n = len(expected)
+        self._confirm(
+            "Restart the worker group?",
+            f"Every worker of job {self.job_id} on {n} node{'' if n == 1 else 's'} "
+            f"({_hosts(expected)}) is stopped and started again. A restart command does not "
+            "count against --max-restarts.",
+            "Restart", CommandType.RESTART, {}, "job", expected)
+
+    def action_stop(self) -> None:
+        if why := self.block_reason("stop"):
+            self._explain(why)
+            return
+        expected = self.view.active_nodes()
+        self._confirm(
+            "Stop the job?",
+            f"Every worker of job {self.job_id} on every node ({_hosts(expected)}) is ended "
+            "(SIGTERM, then SIGKILL after the shutdown timeout) and the agents exit with "
+            "status 143. The job cannot be resumed from here. The console stays attached.",
+            "Stop job", CommandType.STOP, {}, "job", expected)
+
+    def action_kill_rank(self) -> None:
+        if why := self.block_reason("kill_rank"):
+            self._explain(why)
+            return
+        rank = self.selected_rank
+        rs = self.view.ranks.get(rank) if rank is not None else None
+        if rank is None or rs is None:
+            self.notify("no rank selected: pick one in the rank table", markup=False,
+                        severity="warning")
+            return
+        if rs.state != RUNNING:
+            self.notify(f"rank {rank} is {rs.state}, not running: there is nothing to signal",
+                        markup=False, severity="warning")
+            return
+        self._confirm(
+            f"Send SIGTERM to rank {rank}?",
+            f"Rank {rank} (pid {rs.pid if rs.pid is not None else '?'} on {rs.host or '?'}) gets "
+            "SIGTERM. Unless it handles the signal it exits, the agents treat that as a failure "
+            "and restart the worker group, spending a restart.",
+            "Send SIGTERM", CommandType.SIGNAL, {"rank": rank, "signal": "SIGTERM"}, str(rank),
+            self.view.active_nodes())
+
+    def _confirm(self, title: str, body: str, label: str, kind: str, args: dict[str, Any],
+                 target: str, expected: dict[str, str]) -> None:
+        def confirmed(dialog: CommandDialog) -> None:
+            token = id(dialog)
+            self._dialogs[token] = dialog
+            self._send(token, kind, args, target, dict(expected))
+
+        self.push_screen(CommandDialog(title, body, label, confirmed))
+
+    # -- log actions ---------------------------------------------------------------------------
+    def action_toggle_all(self) -> None:
+        self.all_ranks = not self.all_ranks
+        self._check_selection()
+        self._point_log()
+        self._update_log_title()
+
+    def action_toggle_stderr(self) -> None:
+        self.log_view.stderr_only = not self.log_view.stderr_only
+        self._update_log_title()
+
+    def action_toggle_wrap(self) -> None:
+        self.log_view.wrap = not self.log_view.wrap
+        self._update_log_title()
+
+    def action_toggle_timestamps(self) -> None:
+        self.log_view.show_timestamps = not self.log_view.show_timestamps
+        self._update_log_title()
+
+    def action_follow(self) -> None:
+        self.log_view.scroll_to_end()
+
+    def action_filter(self) -> None:
+        self.filter_bar.open(self._filter_text)
+
+    @on(FilterBar.Changed)
+    def _filter_changed(self, message: FilterBar.Changed) -> None:
+        self._filter_text = message.text
+        self._pending_pattern = message.pattern
+        if self._filter_timer is not None:
+            self._filter_timer.stop()
+        # Debounced: each change rescans the buffer shown (up to 200k lines).
+        self._filter_timer = self.set_timer(FILTER_DEBOUNCE_S, self._apply_filter)
+        self._update_log_title()
+
+    def _apply_filter(self) -> None:
+        self._filter_timer = None
+        if self.log_view.pattern is not self._pending_pattern:
+            self.log_view.pattern = self._pending_pattern
+
+    @on(FilterBar.Closed)
+    def _filter_closed(self, message: FilterBar.Closed) -> None:
+        self._close_filter(clear=message.clear)
+
+    def _close_filter(self, clear: bool) -> None:
+        bar = self.filter_bar
+        if clear:
+            self._filter_text = ""
+            self._pending_pattern = None
+            if self._filter_timer is not None:
+                self._filter_timer.stop()
+                self._filter_timer = None
+            self.log_view.pattern = None
+        else:
+            self._apply_filter()  # enter: now, not after the debounce
+        bar.display = False
+        self.log_view.focus()
+        self._update_log_title()
+
+    def action_back(self) -> None:
+        bar = self.filter_bar
+        if bar.display or self._filter_text:
+            self._close_filter(clear=True)
+
+    # -- other actions -------------------------------------------------------------------------
+    def action_sort(self, reverse: bool = False) -> None:
+        self._show_sort(self.rank_table.cycle_sort(reverse=reverse))
+
+    def _show_sort(self, description: str) -> None:
+        self.rank_table.border_title = f"Ranks · {description}"
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(self.key_help()))
+
+    def key_help(self) -> list[KeyHelp]:
+        """The help screen's rows, with the disabled commands marked and why."""
+        return [KeyHelp(section, keys, text, self.block_reason(action) if action else "")
+                for section, keys, text, action in KEY_HELP]
+
+    @on(OptionList.OptionSelected, "#timeline")
+    def _timeline_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        entries = self.timeline.entries
+        if 0 <= event.option_index < len(entries):
+            self.push_screen(DetailScreen(entries[event.option_index], utc=self.utc))
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        commands: Sequence[tuple[str, str, Callable[[], Any]]] = (
+            ("Restart the worker group", "r: every worker stopped and started (confirm)",
+             self.action_restart),
+            ("Stop the job", "s: every worker on every node (confirm)", self.action_stop),
+            ("SIGTERM the selected rank", "K: to the rank under the cursor (confirm)",
+             self.action_kill_rank),
+            ("Filter the logs", "/: by regular expression", self.action_filter),
+            ("Logs: all ranks / selected rank", "a", self.action_toggle_all),
+            ("Logs: stderr only", "e", self.action_toggle_stderr),
+            ("Logs: wrap long lines", "w", self.action_toggle_wrap),
+            ("Logs: timestamps", "t", self.action_toggle_timestamps),
+            ("Logs: follow", "f / end", self.action_follow),
+            ("Sort the ranks by the next column", "o", self.action_sort),
+            ("Help: every key", "?", self.action_help),
+            ("Detach", "q: the job keeps running", self.exit),
+        )
+        for title, help_text, callback in commands:
+            yield SystemCommand(title, help_text, callback)
+
+
+def _to_int(value: object, default: int) -> int:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return default
+
+
+def _hosts(nodes: dict[str, str]) -> str:
+    hosts = sorted(set(nodes.values()))
+    if len(hosts) > 6:
+        return ", ".join(hosts[:6]) + f" and {len(hosts) - 6} more"
+    return ", ".join(hosts) or "none"
+
+
+def _summary(m: CommandFinished) -> tuple[str, bool]:
+    """One sentence about a command's outcome, and whether it went well."""
+    if m.error:
+        what = f"the {m.kind} command" + (f" {m.command_id}" if m.command_id else "")
+        return f"{what} failed: {m.error}", False
+    refused = [a for a in m.acks if a.status != "accepted"]
+    parts = []
+    if m.missing:
+        who = ", ".join(f"{h} ({n})" for n, h in sorted(m.missing.items()))
+        parts.append(f"no answer within {m.timeout:g} s from: {who}")
+    if refused:
+        who = ", ".join(f"{a.host} ({a.reason or a.status})" for a in refused)
+        parts.append(f"not accepted by: {who}")
+    if parts:
+        return f"{m.kind} command {m.command_id}: " + "; ".join(parts), False
+    n = len(m.acks)
+    return f"{m.kind} command {m.command_id} accepted by {n}/{n} agent{'' if n == 1 else 's'}", True
+
+
+def run_app(endpoint: Endpoint, job_id: str, read_only: bool = False,
+            scrollback: int = DEFAULT_SCROLLBACK) -> int:
+    """Run the console until the user detaches; the exit status (0)."""
+    app = ConsoleApp(job_id, endpoint=endpoint, read_only=read_only, scrollback=scrollback,
+                     freeze_gc=True)
+    code = app.run()
+    return code if isinstance(code, int) else 0

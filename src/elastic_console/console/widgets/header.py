@@ -1,0 +1,92 @@
+"""The job header (two lines of facts) and the red "Redis unreachable" banner."""
+
+from __future__ import annotations
+
+from rich.style import Style
+from rich.text import Text
+from textual.widgets import Static
+
+from ..state import JobView
+from .common import JOB_STATE_STYLES, safe_text
+
+__all__ = ["Banner", "JobHeader"]
+
+_LABEL = Style(dim=True)
+_VALUE = Style(bold=True)
+_CONNECTED = Style(color="green")
+_DISCONNECTED = Style(color="red", bold=True)
+_READ_ONLY = Style(color="yellow")
+
+
+def _q(value: object) -> str:
+    return "?" if value is None else str(value)
+
+
+class JobHeader(Static):
+    """``job-42  RUNNING  round 3  nodes 2 (1..4)  world 16  restarts 1/3`` and, below, the
+    Redis endpoint (password redacted), connected or not, and whether commands are allowed.
+
+    Rebuilt only when the facts it shows changed (:meth:`show` compares the plain text).
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("", markup=False, id=id)
+        self._shown: str | None = None
+
+    def show(self, view: JobView, endpoint: str, *, loaded: bool, read_only: str) -> None:
+        """Render the header from ``view``. ``loaded``: the history was read (before that the
+        connection state is not known yet). ``read_only``: why commands are off, or ``""``."""
+        t = Text(no_wrap=True, overflow="ellipsis", end="")
+        t.append(" job ", _LABEL)
+        t.append_text(safe_text(view.job_id, _VALUE))
+        t.append("  ")
+        state = view.state
+        t.append(f" {state.upper()} ", JOB_STATE_STYLES.get(state, _VALUE))
+        t.append("   round ", _LABEL)
+        t.append(_q(view.round), _VALUE)
+        active = len(view.active_nodes())
+        t.append("   nodes ", _LABEL)
+        t.append(str(active), _VALUE)
+        t.append(f" ({_q(view.min_nodes)}..{_q(view.max_nodes)})", _LABEL)
+        t.append("   world ", _LABEL)
+        t.append(_q(view.world_size), _VALUE)
+        t.append("   restarts ", _LABEL)
+        t.append(f"{view.restarts_used}/{_q(view.max_restarts)}", _VALUE)
+        if view.lines_dropped:
+            t.append(f"   {view.lines_dropped} log lines dropped", Style(color="yellow"))
+        t.append("\n redis ", _LABEL)
+        t.append_text(safe_text(endpoint))
+        if not loaded:
+            t.append("  ○ connecting…", _LABEL)
+        elif view.connected:
+            t.append("  ● connected", _CONNECTED)
+        else:
+            t.append("  ● disconnected", _DISCONNECTED)
+        if read_only:
+            t.append("   read-only", _READ_ONLY)
+        if t.plain != self._shown:  # styles follow from the plain text: compare that
+            self._shown = t.plain
+            self.update(t, layout=False)  # fixed height: a relayout would cost every widget
+
+
+class Banner(Static):
+    """A red bar across the screen while Redis is unreachable (hidden otherwise)."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("", markup=False, id=id)
+        self._shown: str | None = None
+        self.display = False
+
+    def show(self, message: str | None) -> None:
+        """Show ``message`` (one sentence from the client), or hide the bar with ``None``."""
+        if message == self._shown:
+            return
+        self._shown = message
+        if message is None:
+            self.display = False
+            return
+        t = Text(no_wrap=True, overflow="ellipsis", end="")
+        t.append(" ⚠ ")
+        t.append_text(safe_text(message))
+        self.update(t, layout=False)
+        self.display = True
