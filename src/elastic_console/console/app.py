@@ -331,6 +331,11 @@ class ConsoleApp(App[int]):
                     await asyncio.sleep(0)  # let the UI draw and take keys between slices
             self.loaded = True
             self.post_message(HistoryLoaded(len(events), view.lines_total))
+            # The decoded history is folded in: let it go, or every full collection walks it
+            # for the app's whole life (bench/console_bench.py: 300+ ms pauses).
+            del events, batches, records
+            if self._freeze_gc:
+                self._settle_gc()
         while True:
             try:
                 budget = time.monotonic()
@@ -354,6 +359,16 @@ class ConsoleApp(App[int]):
                 logger.exception("the reader failed")
                 self.post_message(ReaderFailed(f"internal error: {type(exc).__name__}: {exc}"))
                 await asyncio.sleep(REFUSED_RETRY_S)
+
+    @staticmethod
+    def _settle_gc() -> None:
+        """Move what survived the history load out of the collector's way, and make full
+        collections rare: log lines are acyclic tuples freed by reference counting, so the
+        cyclic collector has little to find, and a full pass over millions of buffered lines
+        stalls the keys for hundreds of milliseconds."""
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(50_000, 20, 1_000)
 
     async def _history_entries(self, client: JobClient, meta: dict[str, str]) -> int:
         """Log entries to read per node stream on attach.
