@@ -52,6 +52,7 @@ from elastic_console.agent.protocol import (
 )
 
 from .client import Ack, JobClient
+from .formatting import fmt_age, fmt_bytes
 from .state import (
     DEFAULT_ALL_SCROLLBACK,
     DEFAULT_SCROLLBACK,
@@ -247,28 +248,6 @@ def _q(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def _age(seconds: float) -> str:
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"
-
-
 def _clock(ms: int) -> str:
     """Server ms as local HH:MM:SS.mmm."""
     return time.strftime("%H:%M:%S", time.localtime(ms / 1000)) + f".{ms % 1000:03d}"
@@ -298,7 +277,7 @@ async def _ls(ep: Endpoint, args: argparse.Namespace) -> int:
         return EXIT_OK
     _table(["JOB", "STATE", "NODES", "WORLD", "RESTARTS", "AGE"],
            ([j.job_id, j.state, str(j.nodes), _q(j.world_size),
-             f"{j.restarts_used}/{_q(j.max_restarts)}", _age(j.age_s)] for j in jobs))
+             f"{j.restarts_used}/{_q(j.max_restarts)}", fmt_age(j.age_s)] for j in jobs))
     return EXIT_OK
 
 
@@ -364,7 +343,7 @@ async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
         return EXIT_OK
     _table(["RANK", "HOST", "LOCAL", "PID", "STATE", "RESTARTS", "LAST EXIT", "CPU%", "RSS"],
            ([str(r.rank), r.host, _q(r.local_rank), _q(r.pid), r.state, str(r.restarts),
-             _q(r.last_exit), "-" if r.cpu is None else f"{r.cpu:.1f}", _bytes(r.rss)]
+             _q(r.last_exit), "-" if r.cpu is None else f"{r.cpu:.1f}", fmt_bytes(r.rss)]
             for r in ranks))
     return EXIT_OK
 
