@@ -25,6 +25,7 @@ import contextlib
 import enum
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -167,7 +168,7 @@ class ElasticAgent:
     async def _main(self) -> int:
         await self._write_meta()
         self.events.emit(EventType.NODE_JOINED, host=self.host, addr=self.rdzv.local_addr,
-                         pid=_pid(), nproc=self.cfg.nproc)
+                         pid=os.getpid(), nproc=self.cfg.nproc)
         while True:
             result = await self._race(asyncio.to_thread(self._rendezvous), during_rendezvous=True)
             if isinstance(result, Outcome):
@@ -650,8 +651,3 @@ def _truncate_json(data: Any, limit: int) -> Any:
         return data
     return {"truncated": True, "head": text[:limit]}
 
-
-def _pid() -> int:
-    import os
-
-    return os.getpid()

@@ -261,6 +261,20 @@ def _say_connection(change: ConnectionChange, ep: Endpoint) -> None:
               flush=True)
 
 
+async def _follow(client: JobClient, ep: Endpoint, *, logs: bool,
+                  render: Callable[[Any], list[str]]) -> None:
+    """Print what ``render`` makes of each followed record until interrupted; say on stderr
+    when the connection is lost and back."""
+    async for rec in client.follow(logs=logs):
+        if isinstance(rec, ConnectionChange):
+            _say_connection(rec, ep)
+            continue
+        lines = render(rec)
+        if lines:
+            sys.stdout.write("\n".join(lines) + "\n")
+            sys.stdout.flush()
+
+
 # -- ls -----------------------------------------------------------------------------------
 
 async def _ls(ep: Endpoint, args: argparse.Namespace) -> int:
@@ -395,14 +409,8 @@ async def _logs(ep: Endpoint, args: argparse.Namespace) -> int:
             sys.stdout.write("\n".join(tail) + "\n")
         sys.stdout.flush()
         if args.follow:
-            async for rec in client.follow():
-                if isinstance(rec, LogBatch):
-                    lines = printer.lines(rec)
-                    if lines:
-                        sys.stdout.write("\n".join(lines) + "\n")
-                        sys.stdout.flush()
-                elif isinstance(rec, ConnectionChange):
-                    _say_connection(rec, ep)
+            await _follow(client, ep, logs=True, render=lambda rec: printer.lines(rec)
+                          if isinstance(rec, LogBatch) else [])
     finally:
         await client.close()
     return EXIT_OK
@@ -440,12 +448,8 @@ async def _events(ep: Endpoint, args: argparse.Namespace) -> int:
             sys.stdout.write("\n".join(fmt(e) for e in events) + "\n")
         sys.stdout.flush()
         if args.follow:
-            async for rec in client.follow(logs=False):
-                if isinstance(rec, Event):
-                    sys.stdout.write(fmt(rec) + "\n")
-                    sys.stdout.flush()
-                elif isinstance(rec, ConnectionChange):
-                    _say_connection(rec, ep)
+            await _follow(client, ep, logs=False, render=lambda rec: [fmt(rec)]
+                          if isinstance(rec, Event) else [])
     finally:
         await client.close()
     return EXIT_OK
