@@ -163,6 +163,7 @@ STEADY_LAG_MS = 1000.0
 FAIL_RANK = 37
 RESTART_GAP_S = 0.4
 SAMPLE_S = 0.25
+STALL_TRACE_MS = 40.0  # --profile: stalls this long are explained from stack samples
 LEAK_MIB_S = 2.0  # RSS growth over the hold that counts as unbounded (see the docstring)
 
 
@@ -516,6 +517,71 @@ class KeyProbe:
         self.done.set()
 
 
+class StallTracer:
+    """Samples the event loop thread's stack every 2 ms; a stall is explained by the samples
+    taken while it lasted (the innermost frames of this package, then of textual/redis)."""
+
+    PERIOD_S = 0.002
+
+    def __init__(self) -> None:
+        import threading
+
+        self.target = threading.get_ident()
+        self.samples: list[tuple[float, str]] = []
+        self.reports: list[tuple[float, float, list[tuple[str, int]], str]] = []
+        self.gcs: list[tuple[float, float, int]] = []  # start, ms, generation
+        self._gc_t = 0.0
+        gc.callbacks.append(self._on_gc)
+        self.running = True
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._sizes = (len(gc.get_objects(0)), len(gc.get_objects(1)))
+            self._gc_t = time.perf_counter()
+        else:
+            self.gcs.append((self._gc_t, (time.perf_counter() - self._gc_t) * 1000,
+                             f"{info['generation']} sizes {self._sizes} collected {info['collected']}"))
+
+    def _run(self) -> None:
+        last = time.perf_counter()
+        while self.running:
+            now = time.perf_counter()
+            if now - last > 0.02:  # this thread could not get the GIL: held by C code
+                self.samples.append((now, f"(GIL held {1000 * (now - last):.0f} ms)"))
+            last = now
+            frame = sys._current_frames().get(self.target)
+            if frame is not None:
+                self.samples.append((time.perf_counter(), self._describe(frame)))
+                if len(self.samples) > 20_000:
+                    del self.samples[:10_000]
+            time.sleep(self.PERIOD_S)
+
+    @staticmethod
+    def _describe(frame: Any) -> str:
+        parts: list[str] = []
+        while frame is not None and len(parts) < 6:
+            code = frame.f_code
+            name = code.co_filename
+            if "elastic_console" in name or "textual" in name or "redis" in name:
+                short = name.rsplit("/", 2)
+                parts.append(f"{short[-2]}/{short[-1]}:{code.co_name}:{frame.f_lineno}")
+            frame = frame.f_back
+        return " < ".join(parts) or "(outside)"
+
+    def stall(self, t0: float, t1: float, label: str = "") -> None:
+        seen: dict[str, int] = {}
+        for t, where in list(self.samples):
+            if t0 <= t <= t1:
+                seen[where] = seen.get(where, 0) + 1
+        for t, ms, gen in self.gcs:
+            if t0 <= t <= t1:
+                key = f"(gc gen {gen}: {ms:.0f} ms)"
+                seen[key] = seen.get(key, 0) + 1
+        top = sorted(seen.items(), key=lambda kv: -kv[1])[:8]
+        self.reports.append((t0, (t1 - t0) * 1000, top, label))
+
+
 class BenchConsole(ConsoleApp):
     """The real console; every frame is also rendered to terminal bytes (see the doc)."""
 
@@ -740,11 +806,16 @@ async def console_run(args: argparse.Namespace) -> dict[str, Any]:
                                 int(full), sys.getallocatedblocks()))
                 await asyncio.sleep(SAMPLE_S)  # sampling period
 
+        tracer = StallTracer() if args.trace_stalls else None
+
         async def stall_meter() -> None:
             while True:
                 t = time.perf_counter()
                 await asyncio.sleep(0.005)  # the meter: how late a 5 ms sleep wakes
-                stalls.append((time.perf_counter() - t - 0.005) * 1000)
+                late = (time.perf_counter() - t - 0.005) * 1000
+                stalls.append(late)
+                if tracer is not None and late >= STALL_TRACE_MS:
+                    tracer.stall(t, time.perf_counter())
                 probe.check_state()
 
         await side.set(window_key(args.job), f"{time.time()} {args.seconds}")
@@ -790,6 +861,9 @@ async def console_run(args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.wait_for(probe.done.wait(), KEY_TIMEOUT_S)
                 lat[step.group].append(probe.latency_ms)
                 to_state.append(probe.state_ms)
+                if tracer is not None and probe.latency_ms >= GOAL_MS:
+                    tracer.stall(probe.t0, probe.t0 + probe.latency_ms / 1000,
+                                 f"KEY {step.key!r} (state after {probe.state_ms:.0f} ms)")
             except asyncio.TimeoutError:
                 timeouts[step.group] = timeouts.get(step.group, 0) + 1
                 probe.finish()
@@ -869,6 +943,16 @@ async def console_run(args: argparse.Namespace) -> dict[str, Any]:
             pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
             (out / f"console-{sb}.txt").write_text(text.getvalue())
             result["profile"] = str(out / f"console-{sb}.txt")
+        if tracer is not None:
+            tracer.running = False
+            gc.callbacks.remove(tracer._on_gc)
+            err = sys.stderr
+            err.write(f"\nscrollback {sb}: stalls of {STALL_TRACE_MS:g} ms or more, with where "
+                      f"the loop was (stack samples every {tracer.PERIOD_S * 1000:g} ms):\n")
+            for t0, ms, top, label in tracer.reports:
+                err.write(f"\n{t0 - t_win:8.2f} s  {ms:6.0f} ms  {label}\n")
+                for where, n in top:
+                    err.write(f"    {n:4d}  {where}\n")
     await side.aclose()
     return result
 
@@ -950,6 +1034,8 @@ def run_setting(children: Children, server: RedisServer, args: argparse.Namespac
                     "--hold", str(args.hold), "--memory-max", str(args.memory_max)]
     if args.profile:
         console_argv += ["--profile", args.profile]
+    if args.trace_stalls:
+        console_argv.append("--trace-stalls")
     console = children.start(console_argv, stdout=subprocess.PIPE)
     try:
         out, _ = console.communicate(timeout=args.seconds + args.memory_max + 300)
@@ -1092,6 +1178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--profile", default="",
                         help="directory: cProfile the console during the window")
+    parser.add_argument("--trace-stalls", action="store_true",
+                        help="print where the event loop was during each stall of "
+                        f"{STALL_TRACE_MS:g} ms or more (stack samples, to stderr)")
     parser.add_argument("--feeder", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--console", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)

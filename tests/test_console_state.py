@@ -447,3 +447,19 @@ def test_timeline_total_counts_past_the_limit():
     v.add_note(124, "command", "evil \x1b]0;x\x07", "tb \x1b[2J")
     assert v.timeline[-1].text == "evil \\x1b]0;x\\x07" and v.timeline[-1].detail == "tb \\x1b[2J"
     assert v.timeline_total == 7
+
+
+def test_log_batch_decodes_alike_from_bytes_and_str_replies():
+    """The console reads raw bytes replies (a fast path): same batch as the str decoding, and
+    malformed entries are dropped, not raised."""
+    b = LogBatch(node="nöde-1", rank=37, local_rank=5, attempt=2, stream="err", seq=9,
+                 lines=["a \x1b[31mred\x1b[0m line", "", "ünïcode"])
+    fields = encode_log_batch(b)
+    raw = {k.encode(): v.encode() for k, v in fields.items()}
+    from_str = decode_log_batch("1700000000123-0", fields)
+    assert from_str is not None and from_str.lines == b.lines and from_str.rank == 37
+    assert decode_log_batch(b"1700000000123-0", raw) == from_str
+    assert decode_log_batch("1-0", {**raw, b"lines": b"\xffok"}).lines == ["\ufffdok"]
+    for broken in ({**raw, b"rank": b"x"}, {**raw, b"s": b"tty"},
+                   {k: v for k, v in raw.items() if k != b"node"}, {**raw, b"seq": b""}):
+        assert decode_log_batch("1-0", broken) is None

@@ -395,6 +395,76 @@ def test_incremental_filtering_matches_a_full_rescan_across_ring_drops(wrap: boo
     run(RecordingApp(buf, wrap=wrap), body)
 
 
+@pytest.mark.parametrize("wrap", [False, True])
+def test_a_rescan_of_a_big_buffer_goes_backwards_in_slices(wrap: bool) -> None:
+    """A filter change over a big buffer indexes the newest lines first (what a following view
+    shows), hands the event loop back, and adds the older matches above in later slices; the
+    end result is the full rescan, and lines arriving meanwhile are not lost."""
+    rnd = random.Random(5)
+    buf = LogBuffer(60_000)
+    words = ["loss", "step", "\x1b[31mERROR\x1b[0m", "grad", "y" * 120]
+
+    def make(n: int, start: int) -> list[LogLine]:
+        return [LogLine(T0 + i, rnd.randrange(8), rnd.choice(["out", "err"]),
+                        " ".join(rnd.choice(words) for _ in range(rnd.randrange(1, 4))))
+                for i in range(start, start + n)]
+
+    buf.extend(make(50_000, 0))
+    pattern = re.compile("loss|ERROR")
+
+    async def body(pilot: Pilot[None], view: LogView) -> None:
+        view.pattern = pattern
+        want = expected(buf, None, False, pattern)
+        assert view.scanning  # not all in one go
+        got = view.visible_seqs()
+        assert 0 < len(got) < len(want) and got == want[-len(got):]  # the newest, in order
+        await pilot.pause()
+        assert view.follow and view.scroll_y == view.max_scroll_y
+        bottom = round(view.scroll_y) + view.scrollable_content_region.height - 1
+        assert view.line_at_row(bottom)[0] == want[-1]
+        buf.extend(make(500, buf.total_appended))  # lines arrive while the scan goes on
+        view.on_new_lines()
+        for _ in range(1000):
+            if not view.scanning:
+                break
+            await asyncio.sleep(0.01)
+        assert not view.scanning, "the rescan does not finish"
+        want = expected(buf, None, False, pattern)
+        assert view.visible_seqs() == want
+        if wrap:
+            tw = view.scrollable_content_region.width - 19
+            rows = sum(max(1, -(-text_cells(buf.get(s).text) // tw)) for s in want)
+            assert view.row_count == rows == view.virtual_size.height
+        else:
+            assert view.row_count == len(want) == view.virtual_size.height
+        assert view.scroll_y == view.max_scroll_y  # still following
+
+    run(LogApp(buf, wrap=wrap), body)
+
+
+def test_a_paused_view_keeps_its_top_line_through_a_sliced_rescan() -> None:
+    buf = LogBuffer(60_000)
+    buf.extend(lines(50_000))
+
+    async def body(pilot: Pilot[None], view: LogView) -> None:
+        view.follow = False
+        view.scroll_to(y=19_998, animate=False)  # far above what the first slice covers
+        await pilot.pause()
+        top = top_seq(view)
+        assert top is not None and top < 40_000
+        view.stderr_only = True  # every third line, the top one (seq % 3 == 0) among them
+        assert top % 3 == 0 and view.scanning
+        for _ in range(1000):
+            if not view.scanning:
+                break
+            await asyncio.sleep(0.01)
+        await pilot.pause()
+        assert top_seq(view) == top and not view.follow
+        assert view.visible_seqs() == list(range(0, 50_000, 3))
+
+    run(LogApp(buf), body)
+
+
 # -- wrap, timestamps ---------------------------------------------------------------------------
 
 

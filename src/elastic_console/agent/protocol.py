@@ -297,6 +297,26 @@ def encode_log_batch(batch: LogBatch) -> dict[str, str]:
 
 def decode_log_batch(entry_id: str | bytes, fields: Mapping[Any, Any]) -> LogBatch | None:
     """Decode a log entry; ``None`` for a malformed one."""
+    if b"lines" in fields:
+        # A reply as redis-py gives it without decode_responses (the console, 50k lines/s):
+        # look fields up as bytes and decode only the two text ones (int() takes bytes).
+        get = fields.get
+        try:
+            stream = _LOG_STREAMS.get(get(b"s"))  # type: ignore[arg-type]
+            if stream is None:
+                return None
+            return LogBatch(
+                node=fields[b"node"].decode("utf-8", "replace"),
+                rank=int(fields[b"rank"]),
+                local_rank=int(get(b"lrank", -1)),
+                attempt=int(get(b"attempt", 0)),
+                stream=stream,
+                seq=int(get(b"seq", 0)),
+                lines=fields[b"lines"].decode("utf-8", "replace").split("\n"),
+                id=_str(entry_id),
+            )
+        except (KeyError, ValueError, TypeError, AttributeError):
+            return None
     f = _strs(fields)
     try:
         stream = f["s"]
@@ -314,6 +334,9 @@ def decode_log_batch(entry_id: str | bytes, fields: Mapping[Any, Any]) -> LogBat
         )
     except (KeyError, ValueError):
         return None
+
+
+_LOG_STREAMS = {STDOUT.encode(): STDOUT, STDERR.encode(): STDERR}
 
 
 # -- commands ---------------------------------------------------------------------------

@@ -17,15 +17,18 @@ How it stays fast at 50k lines/s over a 200k-line buffer:
 * Rows are located through a *visible index*: an ``array('q')`` of the absolute ``seq`` of
   every line that passes the filters, with a moving start offset. New lines are scanned once
   (C-level ``map``/``compress`` for the rank and stream filters); lines that fell off the ring
-  are dropped from the front by a bisect. A full rescan happens only when a filter changes.
+  are dropped from the front by a bisect. A full rescan happens only when a filter, wrap or
+  the source changes, and it goes backwards from the newest line in slices of a few
+  milliseconds (the first one fills the screen), so such a key never holds the event loop
+  for the whole buffer; :attr:`LogView.scanning` says when older matches are still coming.
 * With ``wrap`` on, the index also keeps each line's cell width and a running sum of rows,
   so ``row -> (line, sub-row)`` is a bisect, and a width change recomputes heights from the
   stored widths without touching the text again. Without wrap, the scroll width comes from
   character counts and is corrected when a line drawn turns out wider.
 * Only the visible rows are rendered (``render_line``). The LRU cache holds each line's full,
-  uncropped rendering keyed by its absolute ``seq`` (stable when older lines fall off): width
-  only changes the crop, which Strip caches itself. It is cleared when the prefix columns or
-  the widget's style change.
+  uncropped rendering as segments, keyed by its absolute ``seq`` (stable when older lines fall
+  off); the row's Strip is made per frame (see ``_Rendered`` for why never cached). It is
+  cleared when the prefix columns or the widget's style change.
 
 Untrusted text: every line goes through :func:`~elastic_console.console.text.sanitize` and is
 turned into Rich ``Text`` with ``Text.from_ansi`` (SGR colours kept) or plain ``Text``:
@@ -35,6 +38,7 @@ never markup. ``[bold]x[/bold]`` shows as those characters; ``ESC ] 0 ; title BE
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from array import array
@@ -52,7 +56,6 @@ from rich.text import Text
 from textual import events
 from textual.actions import SkipAction
 from textual.binding import Binding, BindingType
-from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import var
@@ -70,6 +73,12 @@ MAX_LINE_CHARS = 4_000
 #: Cells of one line that are shown (after sanitizing, which can lengthen a line).
 MAX_LINE_CELLS = 4_000
 TAB_SIZE = 8
+#: A rescan (filter, wrap or source change) goes backwards from the newest line in chunks of
+#: this many lines; the first slice takes at least SCAN_FIRST_LINES (a screenful of matches,
+#: usually), later slices about SCAN_SLICE_S each, with other events between them.
+SCAN_CHUNK_LINES = 2_048
+SCAN_FIRST_LINES = 4_096
+SCAN_SLICE_S = 0.004
 _ELLIPSIS = "…"
 
 #: Rank tag colours, chosen to be told apart on dark and light themes; red is left to stderr.
@@ -184,11 +193,13 @@ class _TimestampFormatter:
 class _Rendered:
     """Cached rendering of one line: styled segments of its prefix and text.
 
-    Strips are made lazily and only those a mode needs (each Strip carries several caches
-    of its own: making fewer of them is most of the cost of a cache miss).
+    Segments only, never a ``Strip``: a Strip soon refers to itself through its own caches
+    (``divide``, ``crop``), so one kept for longer than a frame survives into the oldest
+    generation and is then freed only by a full collection, a pause that grows with every
+    line shown. Strips are made per frame and die young.
     """
 
-    __slots__ = ("_body", "_joined", "_prefix", "prefix", "prefix_width", "text", "text_width")
+    __slots__ = ("prefix", "prefix_width", "text", "text_width")
 
     def __init__(self, prefix: list[Segment], prefix_width: int, text: list[Segment],
                  text_width: int) -> None:
@@ -196,24 +207,36 @@ class _Rendered:
         self.prefix_width = prefix_width
         self.text = text
         self.text_width = text_width
-        self._joined: Strip | None = None
-        self._prefix: Strip | None = None
-        self._body: Strip | None = None
 
-    def joined(self) -> Strip:
-        if self._joined is None:
-            self._joined = Strip(self.prefix + self.text, self.prefix_width + self.text_width)
-        return self._joined
 
-    def prefix_strip(self) -> Strip:
-        if self._prefix is None:
-            self._prefix = Strip(self.prefix, self.prefix_width)
-        return self._prefix
+class _RenderCache:
+    """``seq -> _Rendered``, least recently used out. A plain dict (insertion ordered):
+    unlike a linked-list LRU, dropping it or an entry leaves no reference cycle behind."""
 
-    def body_strip(self) -> Strip:
-        if self._body is None:
-            self._body = Strip(self.text, self.text_width)
-        return self._body
+    __slots__ = ("_d", "_max")
+
+    def __init__(self, maxsize: int) -> None:
+        self._d: dict[int, _Rendered] = {}
+        self._max = maxsize
+
+    def get(self, seq: int) -> _Rendered | None:
+        d = self._d
+        value = d.pop(seq, None)
+        if value is not None:
+            d[seq] = value  # most recent last
+        return value
+
+    def put(self, seq: int, value: _Rendered) -> None:
+        d = self._d
+        d[seq] = value
+        if len(d) > self._max:
+            del d[next(iter(d))]
+
+    def clear(self) -> None:
+        self._d = {}
+
+    def __len__(self) -> int:
+        return len(self._d)
 
 
 class LogView(ScrollView, can_focus=True):
@@ -298,7 +321,7 @@ class LogView(ScrollView, can_focus=True):
         super().__init__(name=name, id=id, classes=classes, disabled=disabled)
         self._source: LogBuffer | None = source
         self._format_ts = _TimestampFormatter(utc)
-        self._cache: LRUCache[int, _Rendered] = LRUCache(max(64, cache_size))
+        self._cache = _RenderCache(max(64, cache_size))
         # The visible index (see module docstring). Entries below _off are dead.
         self._seqs = array("q")
         self._off = 0
@@ -306,6 +329,9 @@ class LogView(ScrollView, can_focus=True):
         self._cum = array("q", [0])  # wrap only: rows before each line (+1 entry); absolute
         self._max_cells = 0  # no wrap: widest text seen since the last rescan
         self._scanned = 0  # buffer seq up to which lines were scanned into the index
+        self._scan_lo = 0  # rescan: lines [first_seq, _scan_lo) are still to be scanned
+        self._scan_gen = 0  # rescan generation: a slice of an older rescan does nothing
+        self._scan_top: int | None = None  # rescan: the line to show at the top once indexed
         self._digits = rank_width  # digits of the rank column in use
         self._text_width = 0  # wrap: cells available for text (width - prefix); 0 = unknown
         self._internal = 0  # >0 while the view itself moves the scroll position
@@ -472,11 +498,9 @@ class LogView(ScrollView, can_focus=True):
             seqs, lines = list(compress(seqs, matches)), list(compress(lines, matches))
         return seqs, lines
 
-    def _append(self, a: int, b: int) -> bool:
-        """Index the lines ``[a, b)``. True if the rank column had to grow."""
-        seqs, lines = self._select(a, b)
-        if not lines:
-            return False
+    def _measure(self, lines: list[LogLine]) -> tuple[bool, list[int] | None]:
+        """Widen the rank column and the scroll width for ``lines`` about to be indexed.
+        Returns whether the rank column grew, and the lines' cell widths when wrapping."""
         grew = False
         try:  # (kept up to date while the tags are hidden too, for when they are shown)
             widest = max(len(str(r)) for r in (max(map(_RANK, lines)), min(map(_RANK, lines))))
@@ -485,20 +509,54 @@ class LogView(ScrollView, can_focus=True):
         if widest > self._digits:
             self._digits = widest
             grew = True
-        self._seqs.extend(seqs)
         if self._text_width:
-            cells = cells_of(list(map(_TEXT, lines)))
+            return grew, cells_of(list(map(_TEXT, lines)))
+        # The scroll width from character counts (C speed): exact for plain ASCII, a little
+        # generous for coloured lines; wide characters, tabs and escapes can make a line
+        # wider than its length, which render_line corrects when such a line is shown.
+        widest = max(map(len, map(_TEXT, lines)))
+        if widest > self._max_cells:
+            self._max_cells = min(widest, MAX_LINE_CELLS + 1)
+        return grew, None
+
+    def _append(self, a: int, b: int) -> bool:
+        """Index the lines ``[a, b)`` after those indexed. True if the rank column grew."""
+        seqs, lines = self._select(a, b)
+        if not lines:
+            return False
+        grew, cells = self._measure(lines)
+        self._seqs.extend(seqs)
+        if cells is not None:
             self._cells.extend(cells)
             self._extend_cum(cells)
-        else:
-            # The scroll width from character counts (C speed): exact for plain ASCII, a little
-            # generous for coloured lines; wide characters, tabs and escapes can make a line
-            # wider than its length, which render_line corrects when such a line is shown.
-            widest = max(map(len, map(_TEXT, lines)))
-            if widest > self._max_cells:
-                self._max_cells = min(widest, MAX_LINE_CELLS + 1)
         return grew
 
+    def _prepend(self, a: int, b: int) -> tuple[int, bool]:
+        """Index the lines ``[a, b)``, all older than those indexed (the backward rescan).
+        Returns the rows they take and whether the rank column grew."""
+        seqs, lines = self._select(a, b)
+        if not lines:
+            return 0, False
+        grew, cells = self._measure(lines)
+        off = self._off
+        if off:  # dead entries sit in front: drop them so the new ones go right before the live
+            del self._seqs[:off]
+            if self._text_width:
+                del self._cells[:off]
+                del self._cum[:off]
+            self._off = 0
+        self._seqs[0:0] = array("q", seqs)
+        if cells is None:
+            return len(seqs), grew
+        tw = self._text_width
+        heights = [(c + tw - 1) // tw or 1 for c in cells]
+        rows = sum(heights)
+        # cum is absolute only up to a constant: count down from the current first entry
+        head = array("q", accumulate(heights, initial=self._cum[0] - rows))
+        head.pop()  # == the current cum[0]
+        self._cum[0:0] = head
+        self._cells[0:0] = array("q", cells)
+        return rows, grew
     def _extend_cum(self, cells: list[int] | array) -> None:
         if not cells:
             return
@@ -530,7 +588,14 @@ class LogView(ScrollView, can_focus=True):
         return rows
 
     def _rebuild(self, keep_position: bool) -> None:
-        """Full rescan of the buffer into the index (filters, wrap or source changed)."""
+        """Rescan the buffer into the index (filters, wrap or source changed).
+
+        Backwards from the newest line, in slices: the first slice (at least
+        ``SCAN_FIRST_LINES`` lines) fills the screen before the next frame, the rest follows
+        in slices of about ``SCAN_SLICE_S`` between other events, so a key that changes a filter
+        over a big buffer never holds the screen. Until it is done, :attr:`scanning` is True
+        and the older matches are still being added above.
+        """
         top = self.line_at_row(round(self.scroll_y)) if keep_position and not self.follow else None
         self._stale = False
         self._cache.clear()
@@ -540,15 +605,68 @@ class LogView(ScrollView, can_focus=True):
         self._cum = array("q", [0])
         self._max_cells = 0
         self._text_width = self._wrap_width() if self.wrap else 0
+        self._scan_gen += 1
+        src = self._source
+        self._scanned = 0 if src is None else src.total_appended
+        self._scan_lo = self._scanned  # lines [first_seq, _scan_lo) are left to scan
+        self._scan_top = top[0] if top else None
+        self._scan_slice(first=True)
+
+    @property
+    def scanning(self) -> bool:
+        """A rescan is under way: :attr:`line_count` and :meth:`visible_seqs` do not have the
+        older matches yet (they are added above, in slices)."""
+        src = self._source
+        return src is not None and self._scan_lo > src.first_seq
+
+    def _scan_slice(self, first: bool = False, gen: int | None = None) -> None:
+        """Scan one slice of the rescan backwards and publish it; schedule the next one.
+        Before the view is mounted there is nothing to keep responsive: all in one go."""
+        if gen is not None and gen != self._scan_gen:
+            return  # a newer rescan replaced this one
         src = self._source
         if src is None:
-            self._scanned = 0
+            return
+        t0 = time.perf_counter()
+        rows = lines = 0
+        grew = False
+        while True:
+            lo = self._scan_lo
+            a = max(src.first_seq, lo - SCAN_CHUNK_LINES)
+            if a >= lo:
+                break
+            r, g = self._prepend(a, lo)
+            self._scan_lo = a
+            rows += r
+            grew = grew or g
+            lines += lo - a
+            if not self._ready or (first and lines < SCAN_FIRST_LINES):
+                continue
+            if time.perf_counter() - t0 >= SCAN_SLICE_S:
+                break
+        if grew and self._text_width:
+            self._text_width = self._wrap_width()  # the rank column grew
+            self._recompute_cum()
+        top = self._scan_top
+        if top is not None and (top >= self._scan_lo or not self.scanning):
+            self._scan_top = None  # the line that was at the top is indexed: back to it
+            self._sync(0, top_seq=top)
+        elif top is not None and first:  # meanwhile: the lines right after it
+            self._sync(0, top_seq=self._seqs[self._off] if len(self._seqs) > self._off else None)
         else:
-            self._scanned = src.total_appended
-            if self._append(src.first_seq, src.total_appended) and self._text_width:
-                self._text_width = self._wrap_width()  # the rank column grew
-                self._recompute_cum()
-        self._sync(0, top_seq=top[0] if top else None)
+            self._sync(-rows)  # the lines in view stay in view
+        if grew and not first:
+            self._restyle()  # rendered lines have the narrower rank column
+        if first and self.scanning and self._ready:
+            self.run_worker(self._scan_rest(self._scan_gen), group="log-view-scan",
+                            exclusive=True, exit_on_error=False)
+
+    async def _scan_rest(self, gen: int) -> None:
+        # A queued message would not do: a widget's message loop takes the next message
+        # without going back to the event loop, so the slices would run as one long stall.
+        while self.scanning and gen == self._scan_gen:
+            await asyncio.sleep(0)  # keys, the reader and the next frame go first
+            self._scan_slice(gen=gen)
 
     def _recompute_cum(self) -> None:
         # Heights of dead entries (< _off) are harmless: rows are relative to cum[_off].
@@ -634,6 +752,7 @@ class LogView(ScrollView, can_focus=True):
         super().watch_scroll_y(old_value, new_value)
         if self._internal:
             return
+        self._scan_top = None  # the user moved: a rescan must not move the view back
         at_end = round(new_value) >= self.max_scroll_y
         if self.follow and not at_end:
             self.follow = False  # the user (mouse wheel, scrollbar, keys) moved away
@@ -765,7 +884,8 @@ class LogView(ScrollView, can_focus=True):
         text = build_text(raw)
         body = list(Segment.apply_style(text.render(self.app.console),
                                         base + _ERR_TEXT_STYLE if err else base))
-        rendered = self._cache[seq] = _Rendered(prefix, width, body, text.cell_len)
+        rendered = _Rendered(prefix, width, body, text.cell_len)
+        self._cache.put(seq, rendered)
         return rendered
 
     def render_line(self, y: int) -> Strip:
@@ -783,12 +903,29 @@ class LogView(ScrollView, can_focus=True):
         if self._text_width:
             tw = self._text_width
             if sub == 0 and rendered.text_width <= tw:  # fits on one row: the common case
-                return rendered.joined().crop_extend(0, width, style)
-            body = rendered.body_strip().crop(sub * tw, (sub + 1) * tw)
+                return _row(rendered.prefix + rendered.text,
+                            rendered.prefix_width + rendered.text_width, 0, width, style)
+            body = Strip(rendered.text, rendered.text_width).crop(sub * tw, (sub + 1) * tw)
             # continuation rows are indented under the text
-            head = rendered.prefix_strip() if sub == 0 else Strip.blank(self._prefix_width(), style)
-            return Strip.join([head, body]).crop_extend(0, width, style)
+            if sub == 0:
+                head: list[Segment] = rendered.prefix
+                head_width = rendered.prefix_width
+            else:
+                head_width = self._prefix_width()
+                head = [Segment(" " * head_width, style)]
+            return _row(head + list(body), head_width + body.cell_length, 0, width, style)
         if rendered.text_width > self._max_cells:  # wider than its length said
             self._max_cells = rendered.text_width
             self.call_after_refresh(self._sync, 0)
-        return rendered.joined().crop_extend(scroll_x, scroll_x + width, style)
+        return _row(rendered.prefix + rendered.text, rendered.prefix_width + rendered.text_width,
+                    scroll_x, width, style)
+
+
+def _row(segments: list[Segment], cells: int, start: int, width: int, style: Style) -> Strip:
+    """One row of the view: ``cells`` wide ``segments`` from column ``start``, padded or cut
+    to ``width``. The common case (from column 0, no wider than the view) makes one Strip."""
+    if start == 0 and cells <= width:
+        if cells < width:
+            segments.append(Segment(" " * (width - cells), style))
+        return Strip(segments, width)
+    return Strip(segments, cells).crop_extend(start, start + width, style)
