@@ -9,6 +9,7 @@ hand-written set of records (no agent, no clock), so they are the same on every 
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import re
 import time
@@ -808,6 +809,31 @@ def test_1024_ranks_table_updates_only_what_is_visible():
         assert table.shown_row(1023)[9] == "1s"
 
     run(app, body)
+
+
+def test_full_collections_wait_for_a_quiet_keyboard():
+    """run_app's setting (freeze_gc): keys and clicks hold full collections off; the app's
+    refresh runs one once the user has been quiet (GcPolicy; its thresholds in its tests)."""
+    app = App("job-42", view=fixed_view(), utc=True, clock=lambda: T0 + 6000, freeze_gc=True)
+    policy = app.gc_policy
+    assert policy is not None and App("j", view=JobView("j", 10)).gc_policy is None
+    policy.min_interval_s, policy.idle_s = 0.0, 0.5
+
+    async def body(pilot: Pilot[int], app: App) -> None:
+        before = policy.full_collections
+        for _ in range(4):  # a key every 0.2 s: never quiet for 0.5 s
+            t = policy.last_input
+            await pilot.press("j")
+            assert policy.last_input > t
+            await asyncio.sleep(0.2)
+        assert policy.full_collections == before
+        await wait_until_async(lambda: policy.full_collections > before, 5, "a full collection")
+
+    try:
+        run(app, body)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(700, 10, 10)
 
 
 # -- snapshots ------------------------------------------------------------------------------------

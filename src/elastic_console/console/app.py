@@ -55,6 +55,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from textual import events as ui_events
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
@@ -67,6 +68,7 @@ from elastic_console.agent.connection import Endpoint, RedisUnavailableError
 from elastic_console.agent.protocol import CommandType, Event, LogBatch
 
 from .client import Ack, ConnectionChange, JobClient
+from .gc_policy import GcPolicy
 from .messages import (
     AckArrived,
     CommandFinished,
@@ -214,6 +216,8 @@ class ConsoleApp(App[int]):
         self._clock = clock
         self._server_offset_ms: float | None = None
         self._freeze_gc = freeze_gc
+        #: Full collections at quiet moments (run_app's setting; tests keep Python's default).
+        self.gc_policy: GcPolicy | None = GcPolicy() if freeze_gc else None
         self._drawn_version = -1
         self._next_table = 0.0
         self._next_full = 0.0
@@ -334,8 +338,8 @@ class ConsoleApp(App[int]):
             # The decoded history is folded in: let it go, or every full collection walks it
             # for the app's whole life (bench/console_bench.py: 300+ ms pauses).
             del events, batches, records
-            if self._freeze_gc:
-                self._settle_gc()
+            if self.gc_policy is not None:
+                self.gc_policy.settle()
         while True:
             try:
                 budget = time.monotonic()
@@ -359,16 +363,6 @@ class ConsoleApp(App[int]):
                 logger.exception("the reader failed")
                 self.post_message(ReaderFailed(f"internal error: {type(exc).__name__}: {exc}"))
                 await asyncio.sleep(REFUSED_RETRY_S)
-
-    @staticmethod
-    def _settle_gc() -> None:
-        """Move what survived the history load out of the collector's way, and make full
-        collections rare: log lines are acyclic tuples freed by reference counting, so the
-        cyclic collector has little to find, and a full pass over millions of buffered lines
-        stalls the keys for hundreds of milliseconds."""
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(50_000, 20, 1_000)
 
     async def _history_entries(self, client: JobClient, meta: dict[str, str]) -> int:
         """Log entries to read per node stream on attach.
@@ -528,10 +522,17 @@ class ConsoleApp(App[int]):
         return dialog if dialog is not None and dialog in self.screen_stack else None
 
     # -- refresh -----------------------------------------------------------------------------
+    async def on_event(self, event: ui_events.Event) -> None:
+        if self.gc_policy is not None and isinstance(event, (ui_events.Key, ui_events.MouseDown)):
+            self.gc_policy.saw_input()
+        await super().on_event(event)
+
     def _tick(self, force: bool = False) -> None:
         """Redraw what changed in the JobView (see "Refresh policy" in the module doc)."""
         if not self.log_view.is_attached:
             return  # shutting down: the widgets are gone
+        if self.gc_policy is not None and self.loaded:
+            self.gc_policy.tick()
         view = self.view
         now = time.monotonic()
         if force or view.version != self._drawn_version:

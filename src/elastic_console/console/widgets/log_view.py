@@ -75,10 +75,11 @@ MAX_LINE_CELLS = 4_000
 TAB_SIZE = 8
 #: A rescan (filter, wrap or source change) goes backwards from the newest line in chunks of
 #: this many lines; the first slice takes at least SCAN_FIRST_LINES (a screenful of matches,
-#: usually), later slices about SCAN_SLICE_S each, with other events between them.
+#: usually), later slices about SCAN_SLICE_S each, SCAN_PAUSE_S apart (other events run then).
 SCAN_CHUNK_LINES = 2_048
 SCAN_FIRST_LINES = 4_096
-SCAN_SLICE_S = 0.004
+SCAN_SLICE_S = 0.003
+SCAN_PAUSE_S = 0.003
 _ELLIPSIS = "…"
 
 #: Rank tag colours, chosen to be told apart on dark and light themes; red is left to stderr.
@@ -665,7 +666,9 @@ class LogView(ScrollView, can_focus=True):
         # A queued message would not do: a widget's message loop takes the next message
         # without going back to the event loop, so the slices would run as one long stall.
         while self.scanning and gen == self._scan_gen:
-            await asyncio.sleep(0)  # keys, the reader and the next frame go first
+            # Not sleep(0): a key travels driver -> app -> focused widget -> handler, a loop
+            # turn per hop; a pause as long as a slice leaves the loop at least half free.
+            await asyncio.sleep(SCAN_PAUSE_S)
             self._scan_slice(gen=gen)
 
     def _recompute_cum(self) -> None:

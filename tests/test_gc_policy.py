@@ -1,0 +1,79 @@
+"""GcPolicy: full collections only at quiet moments, young ones small (no Textual)."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+
+from elastic_console.console.gc_policy import YOUNG_THRESHOLDS, GcPolicy
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def restore_gc() -> Iterator[None]:
+    thresholds = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*thresholds)
+
+
+def test_settle_freezes_survivors_and_stops_automatic_full_collections(restore_gc: None) -> None:
+    keep = [[i] for i in range(1000)]  # survivors of a "history load"
+    policy = GcPolicy()
+    policy.settle()
+    assert gc.get_freeze_count() >= len(keep)
+    young0, young1, full = gc.get_threshold()
+    assert (young0, young1) == YOUNG_THRESHOLDS and full >= 1_000_000
+
+
+def test_a_full_collection_waits_for_a_quiet_keyboard(restore_gc: None) -> None:
+    clock = Clock()
+    policy = GcPolicy(idle_s=2.0, min_interval_s=30.0, max_interval_s=300.0, clock=clock)
+    assert not policy.tick()  # just started
+    for _ in range(10):  # someone typing for 100 s: a key every 10 s... and every second
+        for _ in range(10):
+            clock.now += 1.0
+            policy.saw_input()
+            assert not policy.tick()
+    clock.now += 1.0  # one quiet second: not yet
+    assert not policy.tick()
+    clock.now += 1.0  # two: now
+    assert policy.tick() and policy.full_collections == 1 and policy.last_pause_s >= 0
+    clock.now += 10.0  # quiet, but the last one is only 10 s old
+    assert not policy.tick()
+    clock.now += 20.0
+    assert policy.tick() and policy.full_collections == 2
+
+
+def test_garbage_is_bounded_even_if_the_keyboard_never_rests(restore_gc: None) -> None:
+    clock = Clock()
+    policy = GcPolicy(idle_s=2.0, min_interval_s=30.0, max_interval_s=300.0, clock=clock)
+    policy.settle()
+    ran = 0
+    for _ in range(700):  # 700 s with a key every second
+        clock.now += 1.0
+        policy.saw_input()
+        ran += policy.tick()
+    assert ran == 2  # at 300 s and 600 s
+
+    # what it collects is real cyclic garbage that the counters alone would leave alone now
+    class Node:
+        def __init__(self) -> None:
+            self.me = self
+
+    for _ in range(100):
+        Node()
+    clock.now += 300.0
+    before = sum(1 for o in gc.get_objects() if type(o) is Node)
+    assert before > 0
+    assert policy.tick()
+    assert sum(1 for o in gc.get_objects() if type(o) is Node) == 0
