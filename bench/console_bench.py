@@ -101,7 +101,7 @@ machine did not produce the load and nothing was shown), and RSS stayed flat (un
 
     python bench/console_bench.py [--seconds 20] [--rate 50000] [--ranks 1024]
                                   [--scrollback 500,2000] [--history 30] [--hold 20]
-                                  [--memory-max 120] [--quick] [--profile DIR]
+                                  [--memory-max 120] [--quick] [--profile DIR] [--trace-stalls]
 """
 
 from __future__ import annotations

@@ -58,6 +58,15 @@ def screen_text(view: LogView) -> list[str]:
     return [view.render_line(y).text.rstrip() for y in range(view.scrollable_content_region.height)]
 
 
+async def scanned(view: LogView) -> None:
+    """Until a sliced rescan is over (it runs between other events)."""
+    for _ in range(1000):
+        if not view.scanning:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the rescan does not finish")
+
+
 def top_seq(view: LogView) -> int | None:
     loc = view.line_at_row(round(view.scroll_y))
     return None if loc is None else loc[0]
@@ -424,11 +433,7 @@ def test_a_rescan_of_a_big_buffer_goes_backwards_in_slices(wrap: bool) -> None:
         assert view.line_at_row(bottom)[0] == want[-1]
         buf.extend(make(500, buf.total_appended))  # lines arrive while the scan goes on
         view.on_new_lines()
-        for _ in range(1000):
-            if not view.scanning:
-                break
-            await asyncio.sleep(0.01)
-        assert not view.scanning, "the rescan does not finish"
+        await scanned(view)
         want = expected(buf, None, False, pattern)
         assert view.visible_seqs() == want
         if wrap:
@@ -454,10 +459,7 @@ def test_a_paused_view_keeps_its_top_line_through_a_sliced_rescan() -> None:
         assert top is not None and top < 40_000
         view.stderr_only = True  # every third line, the top one (seq % 3 == 0) among them
         assert top % 3 == 0 and view.scanning
-        for _ in range(1000):
-            if not view.scanning:
-                break
-            await asyncio.sleep(0.01)
+        await scanned(view)
         await pilot.pause()
         assert top_seq(view) == top and not view.follow
         assert view.visible_seqs() == list(range(0, 50_000, 3))
