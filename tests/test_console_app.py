@@ -28,6 +28,7 @@ from elastic_console.agent.connection import make_client, parse_endpoint
 from elastic_console.agent.protocol import EventType, JobKeys, LogBatch, decode_event, encode_event
 from elastic_console.console.app import KEY_HELP, ConsoleApp
 from elastic_console.console.state import JobView
+from elastic_console.console.widgets import rank_table
 from elastic_console.console.widgets.dialogs import CommandDialog, DetailScreen
 from elastic_console.console.widgets.help import HelpScreen, help_text
 from elastic_console.console.widgets.log_panel import FilterBar
@@ -774,39 +775,120 @@ def test_attach_scrollback_flag_and_no_terminal(redis_url):
 # -- many ranks ----------------------------------------------------------------------------------
 
 
-def test_1024_ranks_table_updates_only_what_is_visible():
+def big_view(ranks: int = 1024) -> JobView:
     view = JobView("big", scrollback=10)
     view.set_connection(True, "redis://h:6379")
-    ev(view, T0, EventType.RENDEZVOUS_COMPLETE, "a-1-x", round=0, world_size=1024,
-       nodes=[{"node": "a-1-x", "host": "a", "group_rank": 0, "nproc": 1024}])
+    ev(view, T0, EventType.RENDEZVOUS_COMPLETE, "a-1-x", round=0, world_size=ranks,
+       nodes=[{"node": "a-1-x", "host": "a", "group_rank": 0, "nproc": ranks}])
     ev(view, T0 + 1, EventType.WORKERS_STARTED, "a-1-x", round=0, attempt=0, restart_count=0,
-       ranks=list(range(1024)), local_ranks=list(range(1024)), pids=list(range(1000, 2024)))
+       ranks=list(range(ranks)), local_ranks=list(range(ranks)),
+       pids=list(range(1000, 1000 + ranks)))
+    return view
+
+
+def test_1024_ranks_table_computes_only_what_is_visible(monkeypatch: pytest.MonkeyPatch):
+    view = big_view()
     app = App("big", view=view, clock=lambda: T0 + 5000)
 
     async def body(pilot: Pilot[int], app: App) -> None:
         table = app.rank_table
         assert table.row_count == 1024
-        calls = 0
-        original = table.update_cell
+        computed: list[int] = []
+        original = rank_table.row_values
 
-        def counting(*args: Any, **kwargs: Any) -> None:
-            nonlocal calls
-            calls += 1
-            assert not kwargs.get("update_width")
-            original(*args, **kwargs)
+        def counting(r: Any, now_ms: int) -> tuple[str, ...]:
+            computed.append(r.rank)
+            return original(r, now_ms)
 
-        table.update_cell = counting  # type: ignore[method-assign]
+        monkeypatch.setattr(rank_table, "row_values", counting)
         for rank in range(1024):  # every rank printed a line: every row's QUIET changes
             view.apply_logs(LogBatch("a-1-x", rank, rank, 0, "out", 1, ["x"], id=f"{T0 + 4000}-0"))
         t0 = time.perf_counter()
         table.sync(view, T0 + 5000, full=True)
         elapsed = time.perf_counter() - t0
-        visible = table.scrollable_content_region.height
-        assert 0 < calls <= visible + 2, calls  # one cell per visible row, not 1024
+        visible = table.scrollable_content_region.height - 1  # minus the header
+        assert 0 < len(computed) <= visible, len(computed)  # the rows on screen, not 1024
+        assert set(computed) <= set(range(visible))
         assert elapsed < 0.05, elapsed
+        assert table.shown_row(0)[9] == "1s" and table.shown_row(1023) is None
         await pilot.press("G")  # rows scrolled into view are brought up to date at once
         await pilot.pause()
-        assert table.shown_row(1023)[9] == "1s"
+        assert table.selected_rank == 1023 and table.shown_row(1023)[9] == "1s"
+        assert "1023" in screen_text(app)
+
+    run(app, body)
+
+
+def test_rank_table_cursor_keys_clicks_and_sorting():
+    """The rank table's own keys and mouse: j/k/arrows, page keys, g/G, home/end; a click on a
+    row selects it, on a header sorts by that column (again: reversed); the selection and the
+    log follow the rank, not the row, through every re-sort."""
+    view = big_view(64)
+    for rank in range(64):  # rank 63 is the busiest, rank 0 the quietest
+        view.apply_resources({rank: {"cpu": float(rank), "rss": rank << 20, "threads": 1,
+                                     "ts": 1_700_000_002.0}})
+    app = App("big", view=view, clock=lambda: T0 + 5000)
+
+    async def body(pilot: Pilot[int], app: App) -> None:
+        table = app.rank_table
+        page = table.scrollable_content_region.height - 1
+        assert table.selected_rank == 0 == app.selected_rank
+        await pilot.press("j", "down")
+        assert table.selected_rank == 2 == app.selected_rank
+        await pilot.press("k")
+        assert app.selected_rank == 1 and "rank 1" in screen_text(app)
+        await pilot.press("pagedown")
+        assert table.cursor_row == 1 + page and table.scroll_y > 0
+        await pilot.press("G")
+        assert app.selected_rank == 63 and table.scroll_y == table.max_scroll_y
+        await pilot.press("home")
+        assert app.selected_rank == 0 and table.scroll_y == 0
+        await pilot.press("end", "g")
+        assert app.selected_rank == 0
+        # a click on the third row selects rank 2 (row 0 of the widget is the header)
+        region = table.content_region
+        await pilot.click(table, offset=(region.x - table.region.x + 2,
+                                         region.y - table.region.y + 3))
+        assert app.selected_rank == 2
+        # a click on the CPU% header sorts by it; again: reversed (busiest first)
+        cpu_x = sum(w + 2 for key, _, w, _ in rank_table.COLUMNS[:7]) + 1
+        header = (region.x - table.region.x + cpu_x, region.y - table.region.y)
+        await pilot.click(table, offset=header)
+        assert table.sort_column == "cpu" and not table.sort_reverse
+        assert table.order()[:3] == [0, 1, 2] and app.selected_rank == 2
+        await pilot.click(table, offset=header)
+        assert table.sort_reverse and table.order()[:3] == [63, 62, 61]
+        assert app.selected_rank == 2 and table.cursor_row == 61
+        assert "Ranks · sorted by cpu% (reversed)" in screen_text(app)
+        assert "CPU%▼" in screen_text(app)
+        # a rank that becomes the busiest moves up at the next full sync; the cursor follows
+        view.apply_resources({2: {"cpu": 99.0, "rss": 1, "threads": 1, "ts": 1_700_000_009.0}})
+        table.sync(view, T0 + 5000, full=True)
+        assert table.order()[0] == 2 and table.cursor_row == 0 and app.selected_rank == 2
+        await pilot.pause()
+        assert "rank 2" in screen_text(app)
+
+    run(app, body)
+
+
+def test_rank_table_host_names_are_text():
+    """A host name is job data: markup shows as brackets, escapes as visible text, SGR as
+    colour; a long one is cut with an ellipsis, never spills into the next column."""
+    view = big_view(2)
+    view.ranks[0].host = "[red]x\x1b]0;t\x07"
+    view.ranks[1].host = "\x1b[31mredhost\x1b[0m-with-a-long-name"
+    app = App("big", view=view, clock=lambda: T0 + 5000)
+
+    async def body(pilot: Pilot[int], app: App) -> None:
+        await pilot.pause()
+        table = app.rank_table
+        lines = [table.render_line(y) for y in (1, 2)]
+        row0, row1 = (line.text for line in lines)
+        assert "[red]x\\x1…" in row0  # escaped, cut to the column
+        assert "redhost-w…" in row1 and "\x1b" not in row1
+        assert any(seg.style and seg.style.color and seg.style.color.number == 1
+                   and "redhost" in seg.text for seg in lines[1])
+        assert all(line.cell_length == table.scrollable_content_region.width for line in lines)
 
     run(app, body)
 

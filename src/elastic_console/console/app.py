@@ -61,7 +61,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, OptionList
+from textual.widgets import Footer, OptionList
 from textual.worker import Worker, WorkerState
 
 from elastic_console.agent.connection import Endpoint, RedisUnavailableError
@@ -602,10 +602,9 @@ class ConsoleApp(App[int]):
         if force or log.source is not source:
             log.source = source
 
-    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        if event.data_table is self.rank_table:
-            self._check_selection()
-            self._update_log_title()
+    def on_rank_table_rank_highlighted(self, message: RankTable.RankHighlighted) -> None:
+        self._check_selection()
+        self._update_log_title()
 
     def on_rank_table_sort_changed(self, message: RankTable.SortChanged) -> None:
         self._show_sort(message.description)

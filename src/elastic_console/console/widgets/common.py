@@ -8,8 +8,10 @@ letters; a raw ``ESC`` never reaches the terminal (``Text("\\x1b[31m")`` would s
 
 from __future__ import annotations
 
+from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual.strip import Strip
 
 from ..formatting import fmt_age, fmt_bytes, fmt_clock
 from ..text import sanitize
@@ -17,6 +19,7 @@ from ..text import sanitize
 __all__ = [
     "JOB_STATE_STYLES",
     "RANK_STATE_STYLES",
+    "fit_row",
     "fmt_age",
     "fmt_bytes",
     "fmt_clock",
@@ -54,8 +57,19 @@ def safe_text(value: object, style: Style | str = "", *, no_wrap: bool = False,
     if "\x1b" in s:  # only SGR sequences are left: make them styles
         text = Text.from_ansi(s, end="", no_wrap=no_wrap)
         if style:
-            text.stylize(style)
+            text.stylize_before(style)  # the text's own colours win
         return text
     return Text(s, style=style, end="", no_wrap=no_wrap)
 
 
+
+
+def fit_row(segments: list[Segment], cells: int, start: int, width: int, style: Style) -> Strip:
+    """One row of a ScrollView: ``cells`` wide ``segments`` from column ``start``, padded or
+    cut to ``width``. The common case (from column 0, no wider than the view) makes one Strip
+    and appends the padding to ``segments`` (a list made for this row)."""
+    if start == 0 and cells <= width:
+        if cells < width:
+            segments.append(Segment(" " * (width - cells), style))
+        return Strip(segments, width)
+    return Strip(segments, cells).crop_extend(start, start + width, style)

@@ -65,6 +65,7 @@ from textual.widget import Widget
 
 from ..logbuffer import LogBuffer, LogLine
 from ..text import sanitize, strip_sgr
+from .common import fit_row
 
 __all__ = ["LogBuffer", "LogLine", "LogView"]
 
@@ -906,7 +907,7 @@ class LogView(ScrollView, can_focus=True):
         if self._text_width:
             tw = self._text_width
             if sub == 0 and rendered.text_width <= tw:  # fits on one row: the common case
-                return _row(rendered.prefix + rendered.text,
+                return fit_row(rendered.prefix + rendered.text,
                             rendered.prefix_width + rendered.text_width, 0, width, style)
             body = Strip(rendered.text, rendered.text_width).crop(sub * tw, (sub + 1) * tw)
             # continuation rows are indented under the text
@@ -916,19 +917,10 @@ class LogView(ScrollView, can_focus=True):
             else:
                 head_width = self._prefix_width()
                 head = [Segment(" " * head_width, style)]
-            return _row(head + list(body), head_width + body.cell_length, 0, width, style)
+            return fit_row(head + list(body), head_width + body.cell_length, 0, width, style)
         if rendered.text_width > self._max_cells:  # wider than its length said
             self._max_cells = rendered.text_width
             self.call_after_refresh(self._sync, 0)
-        return _row(rendered.prefix + rendered.text, rendered.prefix_width + rendered.text_width,
+        return fit_row(rendered.prefix + rendered.text, rendered.prefix_width + rendered.text_width,
                     scroll_x, width, style)
 
-
-def _row(segments: list[Segment], cells: int, start: int, width: int, style: Style) -> Strip:
-    """One row of the view: ``cells`` wide ``segments`` from column ``start``, padded or cut
-    to ``width``. The common case (from column 0, no wider than the view) makes one Strip."""
-    if start == 0 and cells <= width:
-        if cells < width:
-            segments.append(Segment(" " * (width - cells), style))
-        return Strip(segments, width)
-    return Strip(segments, cells).crop_extend(start, start + width, style)

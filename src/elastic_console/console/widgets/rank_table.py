@@ -1,38 +1,50 @@
-"""RankTable: one row per global rank, kept current cheaply even with 1,024 ranks.
+"""RankTable: one row per global rank, drawn from the JobView, only the rows on screen.
 
-Every cell is a Rich ``Text`` (a plain string cell would be parsed as markup by DataTable).
+A ScrollView (like :class:`~elastic_console.console.widgets.log_view.LogView`), not a
+DataTable: with 1,024 ranks and a few cells changing every second, DataTable's per-cell
+Text objects, its render caches and its whole-table sort cost tens of milliseconds in the
+middle of key presses. Here a row is a tuple of plain strings (:func:`row_values`) turned into
+a handful of Segments when it is drawn; nothing else is kept per rank.
+
 :meth:`RankTable.sync` is called a few times a second by the app:
 
-* rows are added and removed as ranks appear and disappear (world size changes);
-* only the rows on screen are recomputed, and only cells whose text changed are passed to
-  ``update_cell`` (never ``update_width``: the columns have fixed widths), so a tick costs
-  a few dozen comparisons whatever the number of ranks. Rows scrolled into view are brought
-  up to date at once (``watch_scroll_y``);
-* the row order comes from the JobView (not from cell text), recomputed with ``full=True``
-  (about once a second) and applied with ``DataTable.sort`` only when it changed; the cursor
-  stays on the same rank.
+* the row order (a list of ranks) comes from the JobView's facts, never from cell text. It is
+  recomputed when ranks appear or disappear and with ``full=True`` (about once a second);
+  the cursor stays on the same rank;
+* only the rows on screen are recomputed and compared with what was drawn; the widget is
+  repainted only when one of them changed, so a tick costs a few dozen comparisons whatever
+  the number of ranks. Rows scrolled into view are computed when they are drawn.
 
-``o`` cycles the sort column, ``O`` reverses it; clicking a header sorts by that column.
+Row 0 of the widget is the header (it does not scroll). ``o`` cycles the sort column, ``O``
+reverses it (app keys); clicking a header sorts by that column, clicking a row selects it.
+Moving the cursor posts :class:`RankTable.RankHighlighted` when the selected rank changes.
+
+Untrusted text: host names come from the job. Every cell is sanitized and drawn as plain
+Segments (never markup); SGR colours in a host name are decoded like any other job text.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
+from itertools import accumulate
 from typing import Any, ClassVar
 
+from rich.cells import cell_len, set_cell_size
+from rich.segment import Segment
 from rich.style import Style
-from rich.text import Text
+from textual import events
 from textual.binding import Binding, BindingType
-from textual.coordinate import Coordinate
+from textual.geometry import Size
 from textual.message import Message
-from textual.widgets import DataTable
-from textual.widgets.data_table import CellDoesNotExist, RowDoesNotExist
+from textual.reactive import var
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 
 from ..state import JobView, RankState
-from .common import RANK_STATE_STYLES, fmt_age, fmt_bytes, safe_text
+from ..text import sanitize
+from .common import RANK_STATE_STYLES, fit_row, fmt_age, fmt_bytes, safe_text
 
-__all__ = ["COLUMNS", "RankTable"]
+__all__ = ["COLUMNS", "RankTable", "row_values"]
 
 #: (key, header, width, right-aligned)
 COLUMNS: tuple[tuple[str, str, int, bool], ...] = (
@@ -48,10 +60,15 @@ COLUMNS: tuple[tuple[str, str, int, bool], ...] = (
     ("line", "QUIET", 6, True),  # seconds since the rank's last log line
 )
 _KEYS = tuple(c[0] for c in COLUMNS)
-_RIGHT = {c[0] for c in COLUMNS if c[3]}
+#: Cells of padding on each side of a column's text.
+PAD = 1
+#: Where each column starts (cells from the left edge), and the full row width.
+_STARTS = (0, *accumulate(w + 2 * PAD for _, _, w, _ in COLUMNS))
+ROW_WIDTH = _STARTS[-1]
 _STATE_ORDER = {"failed": 0, "restarting": 1, "stopped": 2, "running": 3, "exited": 4}
 _EXIT_BAD = Style(color="red")
 _DIM = Style(dim=True)
+_NO_STYLE = Style()
 
 
 def _exit_sort(r: RankState) -> tuple[int, str]:
@@ -79,7 +96,7 @@ SORT_KEYS: dict[str, Callable[[RankState], Any]] = {
 
 
 def row_values(r: RankState, now_ms: int) -> tuple[str, ...]:
-    """The plain text of each cell of rank ``r`` (what the diff compares)."""
+    """The plain text of each cell of rank ``r`` (what is compared and drawn)."""
     since = fmt_age(max(0, now_ms - r.last_line_ms) / 1000) if r.last_line_ms and now_ms else "-"
     return (
         str(r.rank),
@@ -95,88 +112,182 @@ def row_values(r: RankState, now_ms: int) -> tuple[str, ...]:
     )
 
 
-def _cell(key: str, value: str) -> Text:
-    style: Style | str = ""
+def _cell_style(key: str, value: str) -> Style:
     if key == "state":
-        style = RANK_STATE_STYLES.get(value, "")
-    elif key == "exit" and value not in ("-", "0"):
-        style = _EXIT_BAD
-    elif value == "-":
-        style = _DIM
-    text = safe_text(value, style, no_wrap=True)  # host names come from the job
-    text.overflow = "ellipsis"
-    if key in _RIGHT:
-        text.justify = "right"
-    return text
+        return RANK_STATE_STYLES.get(value, _NO_STYLE)
+    if key == "exit" and value not in ("-", "0"):
+        return _EXIT_BAD
+    if value == "-":
+        return _DIM
+    return _NO_STYLE
 
 
-class RankTable(DataTable[Text]):
+def _fit(text: str, width: int, right: bool) -> str:
+    """``text`` in exactly ``width`` cells: cut with an ellipsis, padded on the left when
+    ``right``."""
+    cells = cell_len(text)
+    if cells > width:
+        return set_cell_size(text, width - 1) + "…"
+    pad = " " * (width - cells)
+    return pad + text if right else text + pad
+
+
+def row_segments(values: tuple[str, ...], base: Style, render_ansi: Callable[..., list[Segment]],
+                 ) -> list[Segment]:
+    """One rank's row, ``ROW_WIDTH`` cells: padding in ``base``, each text in ``base`` plus
+    its column's colour. ``render_ansi(text, style, width)`` draws a cell whose (sanitized)
+    text still carries SGR colours."""
+    pad = Segment(" " * PAD, base)
+    out: list[Segment] = []
+    for (key, _, width, right), value in zip(COLUMNS, values):
+        text = sanitize(value)
+        style = base + _cell_style(key, value)
+        out.append(pad)
+        if "\x1b" in text:  # only SGR is left after sanitize
+            out.extend(render_ansi(text, style, width, right))
+        else:
+            out.append(Segment(_fit(text, width, right), style))
+        out.append(pad)
+    return out
+
+
+def header_segments(style: Style, sorted_by: str, reverse: bool) -> list[Segment]:
+    """The header row: each label aligned like its column, the sort column marked in its
+    right padding cell (a wider label would be cut)."""
+    pad = " " * PAD
+    mark = pad[:-1] + ("▼" if reverse else "▲")
+    return [Segment(pad + _fit(label, width, right) + (mark if key == sorted_by else pad), style)
+            for key, label, width, right in COLUMNS]
+
+
+class RankTable(ScrollView, can_focus=True):
     """The ranks of the job (see the module docstring)."""
 
+    ALLOW_SELECT = False
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"rank-table--header", "rank-table--cursor"}
+
+    DEFAULT_CSS = """
+    RankTable {
+        background: $surface;
+        color: $foreground;
+        overflow-y: auto;
+        overflow-x: auto;
+        &:focus {
+            background-tint: $foreground 5%;
+            & > .rank-table--cursor {
+                background: $block-cursor-background;
+                color: $block-cursor-foreground;
+                text-style: $block-cursor-text-style;
+            }
+            & > .rank-table--header { background-tint: $foreground 5%; }
+        }
+        & > .rank-table--header {
+            text-style: bold;
+            background: $panel;
+            color: $foreground;
+        }
+        &:ansi > .rank-table--header {
+            background: ansi_bright_blue;
+            color: ansi_default;
+        }
+        & > .rank-table--cursor {
+            background: $block-cursor-blurred-background;
+            color: $block-cursor-blurred-foreground;
+            text-style: $block-cursor-blurred-text-style;
+        }
+    }
+    """
+
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("j", "cursor_down", "Down", show=False, id="ranks.down"),
-        Binding("k", "cursor_up", "Up", show=False, id="ranks.up"),
-        Binding("g", "scroll_top", "First rank", show=False, id="ranks.first"),
-        Binding("G", "scroll_bottom", "Last rank", show=False, id="ranks.last"),
+        Binding("up,k", "cursor_up", "Up", show=False, id="ranks.up"),
+        Binding("down,j", "cursor_down", "Down", show=False, id="ranks.down"),
+        Binding("pageup", "page_up", "Page up", show=False, id="ranks.page_up"),
+        Binding("pagedown", "page_down", "Page down", show=False, id="ranks.page_down"),
+        Binding("home,g", "first", "First rank", show=False, id="ranks.first"),
+        Binding("end,G", "last", "Last rank", show=False, id="ranks.last"),
+        Binding("left", "scroll_left", "Left", show=False, id="ranks.left"),
+        Binding("right", "scroll_right", "Right", show=False, id="ranks.right"),
     ]
 
+    #: Row of the cursor (0 = the first rank, below the header).
+    cursor_row: var[int] = var(0, init=False)
+
+    class RankHighlighted(Message):
+        """The rank under the cursor changed (None: the table is empty)."""
+
+        def __init__(self, table: RankTable, rank: int | None) -> None:
+            super().__init__()
+            self.table = table
+            self.rank = rank
+
+        @property
+        def control(self) -> RankTable:
+            return self.table
+
+    class SortChanged(Message):
+        """The sort order changed by a header click (the app tells the user)."""
+
+        def __init__(self, description: str) -> None:
+            super().__init__()
+            self.description = description
+
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id, cursor_type="row", zebra_stripes=False)
+        super().__init__(id=id)
         self.sort_column = "rank"
         self.sort_reverse = False
-        self._shown: dict[int, tuple[str, ...]] = {}  # rank -> cell texts on screen
         self._order: list[int] = []  # ranks in row order
+        self._shown: dict[int, tuple[str, ...]] = {}  # rank -> cell texts last drawn
+        self._rows: dict[int, list[Segment]] = {}  # rank -> its drawn row (not the cursor's)
         self._view: JobView | None = None
         self._now_ms = 0
-
-    def on_mount(self) -> None:
-        for key, label, width, right in COLUMNS:
-            self.add_column(Text(label, justify="right" if right else "left"), width=width, key=key)
+        self._highlighted: int | None = None  # the rank last announced by RankHighlighted
+        self._styles: tuple[Style, Style, Style] | None = None  # base, header, cursor
 
     # -- queries -----------------------------------------------------------------------------
     @property
+    def row_count(self) -> int:
+        return len(self._order)
+
+    @property
     def selected_rank(self) -> int | None:
         """The rank under the cursor, or None when the table is empty."""
-        if not self.row_count:
+        if not self._order:
             return None
-        try:
-            key = self.coordinate_to_cell_key(Coordinate(self.cursor_row, 0)).row_key
-        except CellDoesNotExist:
-            return None
-        return int(key.value) if key.value is not None else None
+        return self._order[min(self.cursor_row, len(self._order) - 1)]
 
     def order(self) -> list[int]:
         """Ranks in row order (top to bottom)."""
         return list(self._order)
 
     def shown_row(self, rank: int) -> tuple[str, ...] | None:
-        """The cell texts last put on screen for ``rank`` (None if never drawn)."""
+        """The cell texts last drawn (or compared on screen) for ``rank``; None if never."""
         return self._shown.get(rank)
+
+    def sort_description(self) -> str:
+        label = dict((k, h) for k, h, _, _ in COLUMNS)[self.sort_column]
+        return f"sorted by {label.lower()}{' (reversed)' if self.sort_reverse else ''}"
 
     # -- updates -----------------------------------------------------------------------------
     def reset(self) -> None:
         """Forget every row (another job)."""
-        self.clear()
-        self._shown.clear()
         self._order = []
+        self._shown.clear()
+        self._rows.clear()
         self._view = None
+        self.set_reactive(RankTable.cursor_row, 0)
+        self._resize()
+        self._announce()
 
     def sync(self, view: JobView, now_ms: int, *, full: bool) -> None:
         """Bring the table up to date with ``view`` (see the module docstring)."""
         self._view, self._now_ms = view, now_ms
         ranks = view.ranks
-        added = [r for r in ranks if r not in self._shown]
-        removed = [r for r in self._shown if r not in ranks]
-        for rank in removed:
-            del self._shown[rank]
-            with contextlib.suppress(RowDoesNotExist):
-                self.remove_row(str(rank))
-        for rank in sorted(added):
-            values = row_values(ranks[rank], now_ms)
-            self._shown[rank] = values
-            self.add_row(*(_cell(k, v) for k, v in zip(_KEYS, values)), key=str(rank))
-        if added or removed:
-            self._order = [r for r in self._order if r in ranks] + sorted(added)
+        if len(ranks) != len(self._order) or any(r not in ranks for r in self._order):
+            gone = [r for r in self._shown if r not in ranks]
+            for rank in gone:
+                self._shown.pop(rank, None)
+                self._rows.pop(rank, None)
             full = True
         if full:
             self._apply_order(view)
@@ -201,11 +312,8 @@ class RankTable(DataTable[Text]):
             self.sort_column, self.sort_reverse = column, False
         self._resort()
 
-    def sort_description(self) -> str:
-        label = dict((k, h) for k, h, _, _ in COLUMNS)[self.sort_column]
-        return f"sorted by {label.lower()}{' (reversed)' if self.sort_reverse else ''}"
-
     def _resort(self) -> None:
+        self.refresh()  # the header's sort mark
         if self._view is not None:
             self._apply_order(self._view)
             self._sync_visible()
@@ -213,60 +321,174 @@ class RankTable(DataTable[Text]):
     def _apply_order(self, view: JobView) -> None:
         keyfn = SORT_KEYS[self.sort_column]
         ranks = view.ranks
-        order = sorted((r for r in self._shown if r in ranks), key=lambda r: keyfn(ranks[r]),
-                       reverse=self.sort_reverse)
-        if order == self._order and len(order) == self.row_count:
+        order = sorted(ranks, key=lambda r: keyfn(ranks[r]), reverse=self.sort_reverse)
+        if order == self._order:
             return
         selected = self.selected_rank
-        position = {rank: i for i, rank in enumerate(order)}
-        # The rank cell's text is the rank: map it to its position in the wanted order.
-        self.sort("rank", key=lambda cell: position.get(int(cell.plain), len(position)))
+        resized = len(order) != len(self._order)
         self._order = order
-        if selected is not None and selected in position:
-            self.move_cursor(row=position[selected], animate=False)
+        if resized:
+            self._resize()
+        if selected is not None and selected in ranks:
+            row = order.index(selected)
+        else:
+            row = min(self.cursor_row, max(0, len(order) - 1))
+        self._move_cursor(row)
+        self.refresh()
 
     def _visible_rows(self) -> range:
-        top = max(0, int(self.scroll_y))
+        top = max(0, round(self.scroll_y))
         height = max(1, self.scrollable_content_region.height - 1)  # minus the header row
-        return range(top, min(self.row_count, top + height + 1))
+        return range(top, min(len(self._order), top + height))
 
     def _sync_visible(self) -> None:
         view = self._view
         if view is None:
             return
         ranks = view.ranks
+        changed = False
         for i in self._visible_rows():
-            if i >= len(self._order):
-                break
             rank = self._order[i]
             rs = ranks.get(rank)
             if rs is None:
                 continue
             values = row_values(rs, self._now_ms)
-            old = self._shown.get(rank)
-            if values == old:
-                continue
-            self._shown[rank] = values
-            row_key = str(rank)
-            for j, key in enumerate(_KEYS):
-                if old is None or old[j] != values[j]:
-                    self.update_cell(row_key, key, _cell(key, values[j]))
+            if values != self._shown.get(rank):
+                self._shown[rank] = values
+                self._rows.pop(rank, None)
+                changed = True
+        if changed:
+            self.refresh()
+
+    def _resize(self) -> None:
+        self.virtual_size = Size(ROW_WIDTH, len(self._order) + 1)
+
+    # -- the cursor ----------------------------------------------------------------------------
+    def validate_cursor_row(self, row: int) -> int:
+        return max(0, min(row, len(self._order) - 1))
+
+    def watch_cursor_row(self, old: int, new: int) -> None:
+        self._scroll_to_cursor()
+        self.refresh()
+        self._announce()
+
+    def _move_cursor(self, row: int) -> None:
+        """Put the cursor on ``row`` without announcing a rank that did not change."""
+        self.set_reactive(RankTable.cursor_row, self.validate_cursor_row(row))
+        self._scroll_to_cursor()
+        self._announce()
+
+    def _announce(self) -> None:
+        rank = self.selected_rank
+        if rank != self._highlighted:
+            self._highlighted = rank
+            self.post_message(self.RankHighlighted(self, rank))
+
+    def _scroll_to_cursor(self) -> None:
+        height = max(1, self.scrollable_content_region.height - 1)
+        top = round(self.scroll_y)
+        row = self.cursor_row
+        if row < top:
+            self.scroll_to(y=row, animate=False)
+        elif row >= top + height:
+            self.scroll_to(y=row - height + 1, animate=False)
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
-        if int(old_value) != int(new_value):
+        if round(old_value) != round(new_value):
             self._sync_visible()  # rows scrolled into view were not kept current off screen
 
-    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+    def _page(self) -> int:
+        return max(1, self.scrollable_content_region.height - 1)
+
+    def action_cursor_up(self) -> None:
+        self.cursor_row -= 1
+
+    def action_cursor_down(self) -> None:
+        self.cursor_row += 1
+
+    def action_page_up(self) -> None:
+        self.cursor_row -= self._page()
+
+    def action_page_down(self) -> None:
+        self.cursor_row += self._page()
+
+    def action_first(self) -> None:
+        self.cursor_row = 0
+
+    def action_last(self) -> None:
+        self.cursor_row = len(self._order) - 1
+
+    def action_scroll_left(self) -> None:
+        self.scroll_to(x=max(0, self.scroll_x - 8), animate=False)
+
+    def action_scroll_right(self) -> None:
+        self.scroll_to(x=self.scroll_x + 8, animate=False)
+
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)
+        if offset is None:
+            return
         event.stop()
-        key = event.column_key.value
-        if key in SORT_KEYS:
-            self.sort_by(key)
-            self.post_message(self.SortChanged(self.sort_description()))
+        if offset.y == 0:  # the header: sort by the column clicked
+            x = offset.x + round(self.scroll_x)
+            for i, key in enumerate(_KEYS):
+                if _STARTS[i] <= x < _STARTS[i + 1]:
+                    self.sort_by(key)
+                    self.post_message(self.SortChanged(self.sort_description()))
+                    return
+            return
+        row = round(self.scroll_y) + offset.y - 1
+        if row < len(self._order):
+            self.cursor_row = row
 
-    class SortChanged(Message):
-        """The sort order changed by a header click (the app tells the user)."""
+    # -- rendering -------------------------------------------------------------------------------
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._styles = None
+        self._rows.clear()
 
-        def __init__(self, description: str) -> None:
-            super().__init__()
-            self.description = description
+    def _get_styles(self) -> tuple[Style, Style, Style]:
+        styles = self._styles
+        if styles is None:
+            base = self.rich_style
+            styles = self._styles = (
+                base,
+                base + self.get_component_rich_style("rank-table--header", partial=True),
+                base + self.get_component_rich_style("rank-table--cursor", partial=True),
+            )
+        return styles
+
+    def _render_ansi(self, text: str, style: Style, width: int, right: bool) -> list[Segment]:
+        rich_text = safe_text(text, style, no_wrap=True)
+        rich_text.truncate(width, overflow="ellipsis", pad=False)
+        if right:
+            rich_text.pad_left(width - rich_text.cell_len)
+        else:
+            rich_text.pad_right(width - rich_text.cell_len)
+        return list(rich_text.render(self.app.console))
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        width = self.scrollable_content_region.width
+        base, header, cursor = self._get_styles()
+        if y == 0:
+            segments = header_segments(header, self.sort_column, self.sort_reverse)
+            return fit_row(segments, ROW_WIDTH, scroll_x, width, header)
+        i = scroll_y + y - 1
+        if i >= len(self._order) or self._view is None:
+            return Strip.blank(width, base)
+        rank = self._order[i]
+        values = self._shown.get(rank)
+        if values is None:  # never drawn (scrolled into view between two syncs)
+            rs = self._view.ranks.get(rank)
+            if rs is None:
+                return Strip.blank(width, base)
+            values = self._shown[rank] = row_values(rs, self._now_ms)
+        if i == self.cursor_row:
+            segments = row_segments(values, cursor, self._render_ansi)
+            return fit_row(segments, ROW_WIDTH, scroll_x, width, cursor)
+        row = self._rows.get(rank)
+        if row is None:
+            row = self._rows[rank] = row_segments(values, base, self._render_ansi)
+        return fit_row(list(row), ROW_WIDTH, scroll_x, width, base)
