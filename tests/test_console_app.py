@@ -352,6 +352,35 @@ def test_help_tab_sort_and_palette(job, redis_url):
     run(app, body)
 
 
+def test_readers_step_aside_while_a_key_is_handled(job, redis_url):
+    """A key closes the input gate: the Redis reader stops folding records until the key is
+    drawn (input_gate.py), then catches up with nothing lost; the frame after the key opens
+    the gate by itself, long before its deadline."""
+    job_id, _ = job
+    app = console(redis_url, job_id)
+
+    async def body(pilot: Pilot[int], app: App) -> None:
+        await loaded(app, ranks=2)
+        gate = app.input_gate
+        gate.hold_max_s = 30.0
+        gate.close()  # as a key does; nothing will draw it
+        before = app.view.lines_total
+        await asyncio.sleep(1.5)  # two sleepers print ~60 lines meanwhile
+        assert app.view.lines_total - before < 20  # at most the reply in hand when it closed
+        held = app.view.lines_total
+        gate.open()
+        await wait_until_async(lambda: app.view.lines_total - held >= 40, 10, "the catch-up")
+        ticks0 = ticks(app, 0)
+        assert ticks0 == list(range(ticks0[0], ticks0[0] + len(ticks0)))  # no gap, no repeat
+        holds = gate.holds
+        await pilot.press("j")
+        assert gate.holds == holds + 1
+        await wait_until_async(lambda: gate._opened.is_set(), 5, "the gate opened by the frame")
+        assert app.selected_rank == 1
+
+    run(app, body)
+
+
 def test_q_detaches_and_the_job_keeps_running(job, redis_url):
     job_id, agent = job
     app = console(redis_url, job_id)

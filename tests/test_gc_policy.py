@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from collections import deque
 from collections.abc import Iterator
 
 import pytest
@@ -77,3 +78,33 @@ def test_garbage_is_bounded_even_if_the_keyboard_never_rests(restore_gc: None) -
     assert before > 0
     assert policy.tick()
     assert sum(1 for o in gc.get_objects() if type(o) is Node) == 0
+
+
+def test_young_collections_run_on_ticks_even_when_the_counters_stand_still(
+        restore_gc: None) -> None:
+    """Full rings: every new line frees an old one, so the allocation counter stands still
+    and Python would never collect generation 0; the ticks do, so it stays small."""
+    ring: deque[tuple[int, int, str, str]] = deque(maxlen=50_000)
+    for i in range(50_000):
+        ring.append((i, i, "out", f"old line {i}"))
+    policy = GcPolicy(clock=Clock())
+    policy.settle()
+    generations: list[int] = []
+
+    def record(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            generations.append(info["generation"])
+
+    gc.callbacks.append(record)
+    try:
+        largest = 0
+        for tick in range(20):  # 2 s of ticks, 5,000 lines each
+            for i in range(5_000):
+                ring.append((tick, i, "out", f"new line {tick} {i}"))
+            largest = max(largest, len(gc.get_objects(0)))
+            assert not policy.tick()
+    finally:
+        gc.callbacks.remove(record)
+    assert largest < 10_000, largest  # one tick's lines, not the 100,000 appended
+    assert generations.count(1) == 2 and generations.count(0) >= 18  # gen 1 every 10th tick
+    assert policy.young_collections == 20 and policy.full_collections == 0

@@ -467,6 +467,32 @@ def test_a_paused_view_keeps_its_top_line_through_a_sliced_rescan() -> None:
     run(LogApp(buf), body)
 
 
+def test_later_slices_of_a_rescan_wait_for_yield_to() -> None:
+    """The app's keys-first hook: while ``yield_to`` holds, no further slice runs."""
+    buf = LogBuffer(60_000)
+    buf.extend(lines(50_000))
+    gate = asyncio.Event()
+    waits = 0
+
+    async def hold() -> None:
+        nonlocal waits
+        waits += 1
+        await gate.wait()
+
+    async def body(pilot: Pilot[None], view: LogView) -> None:
+        view.yield_to = hold
+        view.stderr_only = True
+        assert view.scanning
+        first = len(view.visible_seqs())
+        await asyncio.sleep(0.2)  # dozens of slices' worth of time
+        assert view.scanning and len(view.visible_seqs()) == first and waits == 1
+        gate.set()
+        await scanned(view)
+        assert view.visible_seqs() == list(range(0, 50_000, 3)) and waits > 1
+
+    run(LogApp(buf), body)
+
+
 # -- wrap, timestamps ---------------------------------------------------------------------------
 
 

@@ -29,8 +29,11 @@ Architecture
   in just the new lines), the timeline (just the new entries) and the banner. The rank table
   is synced at most 4 times a second (the visible rows, changed cells only) and its order
   once a second; sparklines only when the selected rank's samples changed. Keys act at once
-  (they do not wait for the timer). Why 10 Hz: every frame costs Textual ~5 ms of compositing
-  whatever changed; following 40 lines/s took 13% of a core at 20 Hz, 8% at 10 Hz.
+  (they do not wait for the timer), and go first: a key or click closes the
+  :class:`~elastic_console.console.input_gate.InputGate`, and the reader and the log view's
+  rescans wait until the frame after it is drawn (at most 0.1 s). Why 10 Hz: every frame
+  costs Textual ~5 ms of compositing whatever changed; following 40 lines/s took 13% of a
+  core at 20 Hz, 8% at 10 Hz.
 
 Untrusted text (log lines, host names, messages, tracebacks, Redis errors) is shown through
 ``Text`` objects built by :func:`~.widgets.common.safe_text` or the LogView, never as markup:
@@ -52,6 +55,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -69,6 +73,7 @@ from elastic_console.agent.protocol import CommandType, Event, LogBatch
 
 from .client import Ack, ConnectionChange, JobClient
 from .gc_policy import GcPolicy
+from .input_gate import InputGate
 from .messages import (
     AckArrived,
     CommandFinished,
@@ -106,6 +111,11 @@ HISTORY_ENTRIES_TOTAL = 100_000  # log entries read on attach, over all node str
 HISTORY_ENTRIES_MIN = 500  # ...but at least this many per stream
 FOLD_SLICE = 500  # history records folded between yields to the UI
 FOLD_BUDGET_S = 0.005  # live records folded before yielding to the UI
+_INPUT_EVENTS = (ui_events.Key, ui_events.MouseDown, ui_events.MouseScrollDown,
+                 ui_events.MouseScrollUp)
+#: After a key or click, how long its hops take with the readers held (input_gate.py); the
+#: gate opens at the first frame after that.
+INPUT_SETTLE_S = 0.015
 RETRY_START_S, RETRY_MAX_S = 0.5, 5.0
 REFUSED_RETRY_S = 5.0  # a refusal (NOPERM...) is retried slowly
 FILTER_DEBOUNCE_S = 0.12  # a 200k-line rescan per keystroke would lag typing
@@ -218,6 +228,8 @@ class ConsoleApp(App[int]):
         self._freeze_gc = freeze_gc
         #: Full collections at quiet moments (run_app's setting; tests keep Python's default).
         self.gc_policy: GcPolicy | None = GcPolicy() if freeze_gc else None
+        self.input_gate = InputGate()
+        self._last_input: ui_events.Event | None = None
         self._drawn_version = -1
         self._next_table = 0.0
         self._next_full = 0.0
@@ -241,6 +253,7 @@ class ConsoleApp(App[int]):
         self.timeline = Timeline(utc=self.utc, id="timeline")
         self.log_title = LogTitle(id="log-title")
         self.log_view = LogView(self.view.all_logs, utc=self.utc, id="log")
+        self.log_view.yield_to = self.input_gate.pause
         self.filter_bar = FilterBar(cursor_blink=self.cursor_blink, id="filter")
         yield self.header
         yield self.banner
@@ -333,6 +346,7 @@ class ConsoleApp(App[int]):
                     for rec in records[i:i + FOLD_SLICE]:
                         view.apply(rec)
                     await asyncio.sleep(0)  # let the UI draw and take keys between slices
+                    await self.input_gate.pause()
             self.loaded = True
             self.post_message(HistoryLoaded(len(events), view.lines_total))
             # The decoded history is folded in: let it go, or every full collection walks it
@@ -353,7 +367,10 @@ class ConsoleApp(App[int]):
                             self._saw_server_ms(rec.server_ms)
                     if self.reader_error:
                         self.reader_error = ""
-                    if time.monotonic() - budget > FOLD_BUDGET_S:
+                    if not self.input_gate.is_open:
+                        await self.input_gate.pause()  # a key is on its way: it goes first
+                        budget = time.monotonic()
+                    elif time.monotonic() - budget > FOLD_BUDGET_S:
                         await asyncio.sleep(0)  # a big reply must not freeze the keys
                         budget = time.monotonic()
             except RedisUnavailableError as exc:
@@ -523,9 +540,24 @@ class ConsoleApp(App[int]):
 
     # -- refresh -----------------------------------------------------------------------------
     async def on_event(self, event: ui_events.Event) -> None:
-        if self.gc_policy is not None and isinstance(event, (ui_events.Key, ui_events.MouseDown)):
-            self.gc_policy.saw_input()
+        if isinstance(event, _INPUT_EVENTS) and event is not self._last_input:
+            self._last_input = event  # an unhandled key bubbles back up here: once is enough
+            if self.gc_policy is not None:
+                self.gc_policy.saw_input()
+            gate = self.input_gate
+            gate.close()  # the readers wait until the key is handled and drawn
+            self.set_timer(INPUT_SETTLE_S, partial(self._input_settled, gate.closed_at))
         await super().on_event(event)
+
+    def _input_settled(self, closed_at: float) -> None:
+        # The key's hops (app, screen, focused widget, binding) are done by now, the readers
+        # having stepped aside; open the gate once the frame after them is drawn.
+        if self.input_gate.closed_at == closed_at:  # else a newer key holds it
+            self.call_after_refresh(self._input_drawn, closed_at)
+
+    def _input_drawn(self, closed_at: float) -> None:
+        if self.input_gate.closed_at == closed_at:
+            self.input_gate.open()
 
     def _tick(self, force: bool = False) -> None:
         """Redraw what changed in the JobView (see "Refresh policy" in the module doc)."""

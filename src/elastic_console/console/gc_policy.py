@@ -5,8 +5,15 @@ of them Textual's per-frame Strips, which refer to themselves through their own 
 are freed only by the cyclic collector. Every collection stops the event loop, keys included,
 for as long as it walks its generation:
 
-* young collections (generations 0 and 1) are made frequent and small: ``YOUNG_THRESHOLDS``
-  keep each under ~30 ms at that rate (bench/console_bench.py --trace-stalls);
+* young collections (generations 0 and 1) run on a schedule, not only on the allocation
+  counters: generation 0 at every :meth:`GcPolicy.tick` (10 times a second), generation 1 at
+  every ``YOUNG1_EVERY``-th. The counters alone cannot be trusted here: Python counts
+  allocations *minus deallocations* of container objects, and once the per-rank rings are full
+  every new line (a tuple, tracked until a collection looks at it) comes with an old line
+  freed, so the count stands still while the young generation grows without bound; the first
+  collection after that walked 300k-400k objects (~175 ms). On the schedule each young
+  collection walks what 0.1 s (or 1 s) left, a few milliseconds' work. The counters
+  (``YOUNG_THRESHOLDS``) stay as a backstop for bursts between two ticks;
 * full collections walk everything that outlived the young ones (100-200 ms with 1,024 ranks),
   so they are not left to the allocation counters, which fire at a random moment, often in the
   middle of someone typing. :meth:`GcPolicy.tick` runs one when the user has not touched the
@@ -23,16 +30,18 @@ import gc
 import time
 from collections.abc import Callable
 
-__all__ = ["YOUNG_THRESHOLDS", "GcPolicy"]
+__all__ = ["YOUNG1_EVERY", "YOUNG_THRESHOLDS", "GcPolicy"]
 
-#: Generation 0 every 10,000 net allocations, generation 1 every 50 of those.
+#: Generation 0 every 10,000 net allocations, generation 1 every 50 of those (a backstop).
 YOUNG_THRESHOLDS = (10_000, 50)
+#: Every tick collects generation 0; every YOUNG1_EVERY-th tick generation 1 as well.
+YOUNG1_EVERY = 10
 #: The allocation counters never trigger a full collection by themselves.
 _NO_AUTOMATIC_FULL = 1_000_000_000
 
 
 class GcPolicy:
-    """Full collections at quiet moments (see the module docstring)."""
+    """Young collections on a schedule, full ones at quiet moments (see the module doc)."""
 
     def __init__(self, idle_s: float = 2.0, min_interval_s: float = 30.0,
                  max_interval_s: float = 300.0,
@@ -44,6 +53,7 @@ class GcPolicy:
         self.last_input = clock()
         self.last_full = clock()
         self.full_collections = 0
+        self.young_collections = 0
         self.last_pause_s = 0.0
 
     def settle(self) -> None:
@@ -66,8 +76,11 @@ class GcPolicy:
         return since >= self.min_interval_s and now - self.last_input >= self.idle_s
 
     def tick(self) -> bool:
-        """Run a full collection if one is due (called a few times a second). True if it ran."""
+        """Called 10 times a second: a young collection, or a full one if it is due. True
+        if a full collection ran."""
         if not self.due():
+            self.young_collections += 1
+            gc.collect(1 if self.young_collections % YOUNG1_EVERY == 0 else 0)
             return False
         t0 = time.perf_counter()
         gc.collect()

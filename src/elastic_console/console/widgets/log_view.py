@@ -43,7 +43,7 @@ import re
 import time
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from itertools import accumulate, compress, repeat
 from operator import and_, eq, itemgetter, not_
 from types import EllipsisType
@@ -340,6 +340,8 @@ class LogView(ScrollView, can_focus=True):
         self._stale = True  # the index needs a full rescan
         self._ready = False  # mounted (is_mounted is still False inside on_mount)
         self._base_style: Style | None = None  # rich_style, cached until styles change
+        #: Awaited before each later slice of a rescan (the app's InputGate.pause: keys first).
+        self.yield_to: Callable[[], Awaitable[None]] | None = None
         self.set_reactive(LogView.follow, follow)
         self.set_reactive(LogView.show_timestamps, show_timestamps)
         self.set_reactive(LogView.show_rank_tags, show_rank_tags)
@@ -670,6 +672,8 @@ class LogView(ScrollView, can_focus=True):
             # Not sleep(0): a key travels driver -> app -> focused widget -> handler, a loop
             # turn per hop; a pause as long as a slice leaves the loop at least half free.
             await asyncio.sleep(SCAN_PAUSE_S)
+            if self.yield_to is not None:
+                await self.yield_to()
             self._scan_slice(gen=gen)
 
     def _recompute_cum(self) -> None:

@@ -26,12 +26,18 @@ class ResourcePanel(Vertical):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._key: tuple[object, ...] | None = None
+        # Held, not queried: the app's refresh timer may still fire while the screen is
+        # being torn down, when the children are already gone (query_one would raise).
+        self._cpu_label = Static("", markup=False, id="cpu-label", classes="spark-label")
+        self._cpu_spark = Sparkline([], id="cpu-spark")
+        self._rss_label = Static("", markup=False, id="rss-label", classes="spark-label")
+        self._rss_spark = Sparkline([], id="rss-spark")
 
     def compose(self) -> ComposeResult:
-        yield Static("", markup=False, id="cpu-label", classes="spark-label")
-        yield Sparkline([], id="cpu-spark")
-        yield Static("", markup=False, id="rss-label", classes="spark-label")
-        yield Sparkline([], id="rss-spark")
+        yield self._cpu_label
+        yield self._cpu_spark
+        yield self._rss_label
+        yield self._rss_spark
 
     def show(self, rank: RankState | None) -> None:
         """Show ``rank``'s samples; cheap when nothing changed since the last call."""
@@ -55,8 +61,8 @@ class ResourcePanel(Vertical):
             rss_label.append(fmt_bytes(rank.rss))
             cpu = [float(x) for x in rank.cpu_history]
             rss = [float(x) for x in rank.rss_history]
-        self.query_one("#cpu-label", Static).update(cpu_label, layout=False)
-        self.query_one("#rss-label", Static).update(rss_label, layout=False)
+        self._cpu_label.update(cpu_label, layout=False)
+        self._rss_label.update(rss_label, layout=False)
         # Reassigned, never mutated (see the module docstring).
-        self.query_one("#cpu-spark", Sparkline).data = cpu
-        self.query_one("#rss-spark", Sparkline).data = rss
+        self._cpu_spark.data = cpu
+        self._rss_spark.data = rss
