@@ -30,6 +30,7 @@ from elastic_console.console.app import KEY_HELP, ConsoleApp
 from elastic_console.console.state import JobView
 from elastic_console.console.widgets import rank_table
 from elastic_console.console.widgets.dialogs import CommandDialog, DetailScreen
+from elastic_console.console.widgets.footer import KeyFooter
 from elastic_console.console.widgets.help import HelpScreen, help_text
 from elastic_console.console.widgets.log_panel import FilterBar
 from elastic_console.console.widgets.waiting import WaitingScreen
@@ -896,6 +897,46 @@ def test_rank_table_cursor_keys_clicks_and_sorting():
         assert table.order()[0] == 2 and table.cursor_row == 0 and app.selected_rank == 2
         await pilot.pause()
         assert "rank 2" in screen_text(app)
+
+    run(app, body)
+
+
+def test_the_footer_shows_the_focused_keys_and_a_click_presses_one():
+    """One line, no widget per key (Textual's Footer recomposes on every focus change): the
+    keys follow the focus (the timeline adds Details, the filter input hides the letters it
+    takes as text), disabled commands are dimmed, and a click on a key presses it."""
+    app = App("job-42", view=fixed_view(), utc=True, clock=lambda: T0 + 6000, read_only=True)
+
+    async def body(pilot: Pilot[int], app: App) -> None:
+        footer = app.screen.query_one(KeyFooter)
+        await wait_until_async(lambda: footer.shown, 5, "the footer")
+
+        def line() -> str:
+            return screen_text(app).splitlines()[-1]
+
+        def shown() -> dict[str, bool]:
+            return {description: enabled for _, _, description, enabled in footer.shown}
+
+        assert line().startswith(" q Detach  ? Help  / Filter  a All/rank")
+        assert line().rstrip().endswith("▏^p palette")
+        assert shown()["Restart"] is False and shown()["Wrap"] is True  # --read-only
+        assert "Details" not in shown()
+        await pilot.press("tab")
+        await wait_until_async(lambda: "Details" in line(), 5, "the timeline's key")
+        await pilot.press("slash")
+        await wait_until_async(lambda: "Wrap" not in shown(), 5, "the letters hidden")
+        await pilot.press("escape")  # back to the log: its Follow key first
+        await wait_until_async(lambda: line().startswith(" end Follow  q Detach"), 5,
+                               "the log's keys")
+        app.rank_table.focus()
+        await wait_until_async(lambda: line().startswith(" q Detach"), 5, "the ranks' keys")
+        wrap_x = line().index(" w Wrap") + 2
+        assert not app.log_view.wrap
+        await pilot.click(KeyFooter, offset=(wrap_x, 0))
+        await wait_until_async(lambda: app.log_view.wrap, 5, "wrap on, by a click")
+        await pilot.click(KeyFooter, offset=(line().index(" r Restart") + 2, 0))
+        await pilot.pause()
+        assert not isinstance(app.screen, CommandDialog)  # disabled: a bell, no dialog
 
     run(app, body)
 

@@ -65,7 +65,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, OptionList
+from textual.widgets import OptionList
 from textual.worker import Worker, WorkerState
 
 from elastic_console.agent.connection import Endpoint, RedisUnavailableError
@@ -88,6 +88,7 @@ from .messages import (
 from .state import DEFAULT_ALL_SCROLLBACK, DEFAULT_SCROLLBACK, FINAL_STATES, RUNNING, JobView
 from .text import sanitize
 from .widgets.dialogs import CommandDialog, DetailScreen
+from .widgets.footer import KeyFooter
 from .widgets.header import Banner, JobHeader
 from .widgets.help import HelpScreen, KeyHelp
 from .widgets.log_panel import FilterBar, LogTitle
@@ -265,7 +266,7 @@ class ConsoleApp(App[int]):
             yield self.log_title
             yield self.log_view
             yield self.filter_bar
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.main_screen = self.screen
@@ -563,6 +564,8 @@ class ConsoleApp(App[int]):
         """Redraw what changed in the JobView (see "Refresh policy" in the module doc)."""
         if not self.log_view.is_attached:
             return  # shutting down: the widgets are gone
+        if not force and not self.input_gate.is_open:
+            return  # a key is being handled: its frame first, the refresh 0.1 s later
         if self.gc_policy is not None and self.loaded:
             self.gc_policy.tick()
         view = self.view

@@ -3,7 +3,7 @@
 ``log_view`` (LogView over a LogBuffer), ``header`` (job facts, the Redis banner),
 ``rank_table``, ``timeline``, ``sparklines`` (CPU/RSS of the selected rank), ``log_panel``
 (the log title and the ``/`` filter bar), ``dialogs`` (confirm a command, an entry in full),
-``help`` (the ``?`` screen), ``waiting`` (the job does not exist yet); ``common`` turns
+``help`` (the ``?`` screen), ``footer`` (the keys), ``waiting`` (the job does not exist yet); ``common`` turns
 untrusted text into Rich ``Text`` and formats numbers.
 """
 

@@ -18,13 +18,14 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 
 from elastic_console.agent.connection import RedisUnavailableError
 
 from ..client import JobClient, JobSummary
 from ..messages import JobAppeared, JobsListed
 from .common import JOB_STATE_STYLES, fmt_age, safe_text
+from .footer import KeyFooter
 
 __all__ = ["WaitingScreen"]
 
@@ -61,7 +62,7 @@ class WaitingScreen(Screen[str]):
             yield Static(msg, markup=False, id="waiting-message")
             yield DataTable(id="jobs", cursor_type="row")
             yield Static("", markup=False, id="waiting-status")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         table = self.query_one("#jobs", DataTable)
