@@ -84,7 +84,7 @@ Throughput and memory
   10-20 MiB seen when a large XREAD reply or rescan lands in the hold.
   Live blocks are shown but not judged: structures that do not depend on the scrollback
   still fill towards their own bounds for minutes (120 resource samples per rank, ~2k
-  objects/s; Textual's DataTable render caches, ~5k/s).
+  objects/s).
 
 Side by side: torchrun has no console, so there is no torchrun figure for this goal, and
 the plain alternative a torchrun user has (``--tee`` to a terminal, ``tail -f`` of the

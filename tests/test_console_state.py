@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 import re
 import time
 
@@ -64,6 +65,25 @@ def test_sanitized_text_holds_no_control_character_but_tab_and_sgr():
     assert not [c for c in rest if (ord(c) < 0x20 and c != "\t") or 0x7F <= ord(c) <= 0x9F
                 or c in "\u2028\u202e"]
     assert sanitize(out) == out  # idempotent: escaped text is plain text
+
+
+def test_random_text_is_escaped_everywhere_but_sgr_and_coloured_lines_pass_untouched():
+    rnd = random.Random(3)
+    pieces = ["a", " ", ESC, "[", "3", "1", ";", ":", "m", "]", "\x07", "\r", "\t", "\u202e",
+              "\x9b", "0", "[bold]"]
+    for _ in range(20_000):
+        s = "".join(rnd.choice(pieces) for _ in range(rnd.randrange(0, 16)))
+        out = sanitize(s)
+        rest = re.sub(r"\x1b\[[0-9;:]*m", "", out)
+        assert not [c for c in rest if (ord(c) < 0x20 and c != "\t") or 0x7F <= ord(c) <= 0x9F
+                    or c == "\u202e"], repr(s)
+        assert sanitize(out) == out
+        # what is neither SGR nor unsafe is kept, in order
+        assert strip_sgr(out).replace("\\x1b", "").replace("\\x07", "").replace(
+            "\\r", "").replace("\\u202e", "").replace("\\x9b", "") == re.sub(
+            r"[\x1b\x07\r\u202e\x9b]", "", re.sub(r"\x1b\[[0-9;:]*m", "", s))
+    coloured = f"epoch 1 {ESC}[32mloss=0.51{ESC}[0m\tlr 1e-3"
+    assert sanitize(coloured) is coloured  # the fast path: a training log's common line
 
 
 def test_strip_sgr_and_commutes_with_sanitize():

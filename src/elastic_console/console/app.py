@@ -27,8 +27,8 @@ Architecture
 * Refresh policy: records never redraw anything. A 10 Hz timer compares ``JobView.version``
   with the version drawn and, only if it moved, refreshes the header, the log view (it folds
   in just the new lines), the timeline (just the new entries) and the banner. The rank table
-  is synced at most 4 times a second (the visible rows, changed cells only) and its order
-  once a second; sparklines only when the selected rank's samples changed. Keys act at once
+  is synced at most 4 times a second (the visible rows only, repainted if one changed) and
+  its order once a second; sparklines only when the selected rank's samples changed. Keys act at once
   (they do not wait for the timer), and go first: a key or click closes the
   :class:`~elastic_console.console.input_gate.InputGate`, and the reader and the log view's
   rescans wait until the frame after it is drawn (at most 0.1 s). Why 10 Hz: every frame

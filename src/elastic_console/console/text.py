@@ -21,8 +21,8 @@ Contract
     way round: stripping first can join the pieces of a broken sequence into a live one
     (``"\\x1b[3\\x1b[1mm"`` becomes ``ESC[3m``), which sanitize would then keep.
 
-Speed: one precompiled regex; a line without any control character (the common case) costs a
-single ``search`` and is returned as is. This runs at the workers' full output rate.
+Speed: precompiled regexes; a line without any control character but SGR (the common case,
+coloured or not) costs a single ``search`` and is returned as is. This runs at the workers' full output rate.
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ _SGR = r"\x1b\[[0-9;:]*m"
 _UNSAFE = r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
 
 _SGR_RE = re.compile(_SGR)
-_UNSAFE_RE = re.compile(_UNSAFE)
+# An unsafe character that does not start an SGR sequence (no ESC sits inside one, so each
+# ESC is an SGR start or not on its own): no match, nothing to escape.
+_NEEDS_ESCAPE_RE = re.compile(f"(?!{_SGR}){_UNSAFE}")
 # Alternation order matters: an SGR sequence is matched (and kept) before its ESC could be
 # matched on its own (and escaped).
 _TOKEN_RE = re.compile(f"({_SGR})|{_UNSAFE}")
@@ -72,7 +74,7 @@ def sanitize(line: str) -> str:
     Pure and total: any ``str`` in, a ``str`` out that contains no control character other
     than tab and the ESC of an SGR sequence.
     """
-    if _UNSAFE_RE.search(line) is None:  # the common case: plain text, nothing to do
+    if _NEEDS_ESCAPE_RE.search(line) is None:  # plain or only coloured: nothing to do
         return line
     return _TOKEN_RE.sub(_replace, line)
 
