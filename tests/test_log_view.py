@@ -12,6 +12,7 @@ import pytest
 from textual import events
 from textual.app import App, ComposeResult
 from textual.pilot import Pilot
+from textual.strip import Strip
 
 from elastic_console.console.logbuffer import LogBuffer, LogLine
 from elastic_console.console.text import sanitize, strip_sgr
@@ -491,6 +492,52 @@ def test_later_slices_of_a_rescan_wait_for_yield_to() -> None:
         assert view.visible_seqs() == list(range(0, 50_000, 3)) and waits > 1
 
     run(LogApp(buf), body)
+
+
+class FrameCountingLogView(LogView):
+    """Counts the frames that drew its rows (its top row, Textual caching the rest)."""
+
+    frames = 0
+
+    def render_line(self, y: int) -> Strip:
+        if y == 0:
+            FrameCountingLogView.frames += 1
+        return super().render_line(y)
+
+
+class FrameCountingApp(LogApp):
+    def compose(self) -> ComposeResult:
+        yield FrameCountingLogView(self.buffer, utc=True, **self.view_kwargs)
+
+
+def test_a_view_is_redrawn_only_when_the_rows_on_screen_change() -> None:
+    """A following view whose rescan adds older matches above, or whose new lines are all
+    filtered out, shows the same rows: no frame. New matching lines: a frame, with them."""
+    buf = LogBuffer(60_000)
+    buf.extend(lines(50_000))
+
+    async def body(pilot: Pilot[None], view: LogView) -> None:
+        before = FrameCountingLogView.frames
+        view.pattern = re.compile(r"line \d*[0369]$")  # a regex: many slices of ~3 ms
+        assert view.scanning
+        await scanned(view)
+        await pilot.pause()
+        # one frame for the first slice (the screen changed), none for the older matches
+        assert FrameCountingLogView.frames - before <= 2, FrameCountingLogView.frames - before
+        assert view.scroll_y == view.max_scroll_y
+        assert view.visible_seqs() == expected(buf, None, False, view.pattern)
+        drawn = FrameCountingLogView.frames
+        buf.extend([LogLine(T0, 1, "out", "line 50001"), LogLine(T0, 2, "out", "line 50002")])
+        view.on_new_lines()
+        await pilot.pause()
+        assert FrameCountingLogView.frames == drawn  # filtered out: nothing moved
+        buf.extend([LogLine(T0, 3, "err", "line 50003")])
+        view.on_new_lines()
+        await pilot.pause()
+        assert FrameCountingLogView.frames > drawn
+        assert screen_text(view)[-1].endswith("line 50003")  # (draws it again, by hand)
+
+    run(FrameCountingApp(buf), body)
 
 
 # -- wrap, timestamps ---------------------------------------------------------------------------

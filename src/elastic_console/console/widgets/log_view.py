@@ -340,6 +340,8 @@ class LogView(ScrollView, can_focus=True):
         self._stale = True  # the index needs a full rescan
         self._ready = False  # mounted (is_mounted is still False inside on_mount)
         self._base_style: Style | None = None  # rich_style, cached until styles change
+        self._look = 0  # bumped whenever the same lines would be drawn differently
+        self._drawn: tuple[object, ...] | None = None  # _screen_key() of the last frame
         #: Awaited before each later slice of a rescan (the app's InputGate.pause: keys first).
         self.yield_to: Callable[[], Awaitable[None]] | None = None
         self.set_reactive(LogView.follow, follow)
@@ -603,6 +605,7 @@ class LogView(ScrollView, can_focus=True):
         top = self.line_at_row(round(self.scroll_y)) if keep_position and not self.follow else None
         self._stale = False
         self._cache.clear()
+        self._look += 1
         self._seqs = array("q")
         self._off = 0
         self._cells = array("q")
@@ -695,12 +698,14 @@ class LogView(ScrollView, can_focus=True):
             return
         top = self.line_at_row(round(self.scroll_y)) if not self.follow else None
         self._text_width = tw
+        self._look += 1
         self._recompute_cum()
         self._sync(0, top_seq=top[0] if top else None)
 
     def _restyle(self) -> None:
         """Prefix or style inputs changed: drop rendered lines, re-measure if wrapping."""
         self._cache.clear()
+        self._look += 1
         if self._text_width:
             self._rewrap()
         self._sync(0)
@@ -724,12 +729,28 @@ class LogView(ScrollView, can_focus=True):
             elif top_seq is not None:
                 i = bisect_left(self._seqs, top_seq, self._off)
                 row = self._cum[i] - self._cum[self._off] if self._text_width else i - self._off
-                self.scroll_to(y=row, animate=False)
+                self.scroll_to(y=row, animate=False, immediate=True)
             elif rows_dropped:
-                self.scroll_to(y=max(0, round(self.scroll_y) - rows_dropped), animate=False)
+                self.scroll_to(y=max(0, round(self.scroll_y) - rows_dropped), animate=False,
+                               immediate=True)
         finally:
             self._internal -= 1
-        self.refresh()
+        self._repaint_if_moved()
+
+    def _screen_key(self) -> tuple[object, ...]:
+        """What the view shows, in brief: the same key means the same rows on screen (lines
+        are immutable, and only ever added at the ends of the index between two rebuilds)."""
+        region = self.scrollable_content_region
+        top = round(self.scroll_y)
+        return (self._look, self.line_at_row(top), self.line_at_row(top + region.height - 1),
+                round(self.scroll_x), region.width, region.height)
+
+    def _repaint_if_moved(self) -> None:
+        """Repaint unless the rows on screen are the very ones last drawn: a following view
+        whose rescan adds older lines above, or whose new lines are all filtered out, shows
+        the same rows, and a frame costs Textual ~10 ms whatever it contains."""
+        if self._screen_key() != self._drawn:
+            self.refresh()
 
     def _set_virtual_size(self, size: Size) -> None:
         """Publish a new virtual size without relayouting the whole screen.
@@ -743,23 +764,25 @@ class LogView(ScrollView, can_focus=True):
         if size == self.virtual_size:
             return
         self.set_reactive(Widget.virtual_size, size)
-        self._scroll_update(size)
-        self.refresh()
+        self._scroll_update(size)  # the scrollbars; the rows are _sync's business
 
     def _scroll_end(self) -> None:
         self._internal += 1
         try:
-            self.scroll_to(y=self.max_scroll_y, animate=False)
+            self.scroll_to(y=self.max_scroll_y, animate=False, immediate=True)
         finally:
             self._internal -= 1
+        self._repaint_if_moved()
 
     def _user_scroll(self, y: float | None = None, x: float | None = None) -> None:
-        self.scroll_to(x=x, y=y, animate=False)
+        self.scroll_to(x=x, y=y, animate=False, immediate=True)
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
-        super().watch_scroll_y(old_value, new_value)
-        if self._internal:
+        if self._internal:  # the view moved itself: the mover repaints if the rows changed
+            if self.show_vertical_scrollbar:
+                self.vertical_scrollbar.position = new_value
             return
+        super().watch_scroll_y(old_value, new_value)
         self._scan_top = None  # the user moved: a rescan must not move the view back
         at_end = round(new_value) >= self.max_scroll_y
         if self.follow and not at_end:
@@ -787,7 +810,7 @@ class LogView(ScrollView, can_focus=True):
         if wrap:
             self._internal += 1
             try:
-                self.scroll_to(x=0, animate=False)
+                self.scroll_to(x=0, animate=False, immediate=True)
             finally:
                 self._internal -= 1
         self._watch_filters()  # wrap needs (or drops) per-line widths: rescan
@@ -817,6 +840,7 @@ class LogView(ScrollView, can_focus=True):
         super().notify_style_update()
         self._base_style = None
         self._cache.clear()
+        self._look += 1
 
     def _style(self) -> Style:
         """The widget's ``rich_style`` (costly to compute: ~20 us), cached like the strips."""
@@ -897,6 +921,8 @@ class LogView(ScrollView, can_focus=True):
         return rendered
 
     def render_line(self, y: int) -> Strip:
+        if y == 0:
+            self._drawn = self._screen_key()
         scroll_x, scroll_y = self.scroll_offset
         width = self.scrollable_content_region.width
         style = self._style()

@@ -389,9 +389,9 @@ class RankTable(ScrollView, can_focus=True):
         top = round(self.scroll_y)
         row = self.cursor_row
         if row < top:
-            self.scroll_to(y=row, animate=False)
+            self.scroll_to(y=row, animate=False, immediate=True)
         elif row >= top + height:
-            self.scroll_to(y=row - height + 1, animate=False)
+            self.scroll_to(y=row - height + 1, animate=False, immediate=True)
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
@@ -420,10 +420,10 @@ class RankTable(ScrollView, can_focus=True):
         self.cursor_row = len(self._order) - 1
 
     def action_scroll_left(self) -> None:
-        self.scroll_to(x=max(0, self.scroll_x - 8), animate=False)
+        self.scroll_to(x=max(0, self.scroll_x - 8), animate=False, immediate=True)
 
     def action_scroll_right(self) -> None:
-        self.scroll_to(x=self.scroll_x + 8, animate=False)
+        self.scroll_to(x=self.scroll_x + 8, animate=False, immediate=True)
 
     def on_click(self, event: events.Click) -> None:
         offset = event.get_content_offset(self)
