@@ -20,6 +20,7 @@ from elastic_console.agent.protocol import (
     encode_event,
     encode_log_batch,
 )
+from elastic_console.console import client as client_module
 from elastic_console.console.client import ConnectionChange, JobClient
 from tests.agents import SCRIPTS, Agent, wait_until
 
@@ -99,6 +100,48 @@ def test_history_then_follow_continues_with_no_gap_and_no_duplicate(redis_url, r
             assert [b.id for b in col.of(LogBatch)] == new_logs
             assert [b.lines for b in col.of(LogBatch)] == [[f"new {i}"] for i in range(4)]
             assert not col.of(ConnectionChange)
+            await col.stop()
+        finally:
+            await client.close()
+
+    run(main())
+
+
+def test_follow_reads_at_most_every_read_interval_and_loses_nothing(redis_url, r, job_id):
+    """A writer adding an entry every ~2 ms: one XREAD per entry would be ~500 a second;
+    follow waits READ_INTERVAL_S between reads, so entries arrive in a few dozen replies,
+    all of them, in order."""
+    add_event(r, job_id, EventType.NODE_JOINED, host="a")
+    add_logs(r, job_id, "a-1-x", 0, 1, "before")  # the stream is known to history()
+
+    async def main() -> None:
+        client = JobClient(redis_url, job_id)
+        reads = 0
+        xread = client._reader.xread
+
+        async def counting(*args: object, **kwargs: object) -> object:
+            nonlocal reads
+            reads += 1
+            return await xread(*args, **kwargs)
+
+        client._reader.xread = counting  # type: ignore[method-assign]
+        try:
+            await client.history()
+            col = Collector(client.follow())
+            await asyncio.sleep(0.1)
+            reads = 0
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            written = []
+            while loop.time() - t0 < 1.0:
+                written.append(await asyncio.to_thread(
+                    add_logs, r, job_id, "a-1-x", 0, len(written) + 2, f"line {len(written)}"))
+                await asyncio.sleep(0.002)
+            elapsed = loop.time() - t0
+            await until(lambda: len(col.of(LogBatch)) >= len(written), 10, "every entry")
+            assert [b.id for b in col.of(LogBatch)] == written
+            assert len(written) > 150  # the writer did write fast
+            assert reads <= elapsed / client_module.READ_INTERVAL_S + 5, (reads, len(written))
             await col.stop()
         finally:
             await client.close()

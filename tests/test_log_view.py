@@ -17,6 +17,7 @@ from textual.strip import Strip
 from elastic_console.console.logbuffer import LogBuffer, LogLine
 from elastic_console.console.text import sanitize, strip_sgr
 from elastic_console.console.widgets import LogView
+from elastic_console.console.widgets import log_view as log_view_module
 from elastic_console.console.widgets.log_view import text_cells
 
 T0 = 1_700_000_000_000  # 2023-11-14 22:13:20.000 UTC
@@ -538,6 +539,36 @@ def test_a_view_is_redrawn_only_when_the_rows_on_screen_change() -> None:
         assert screen_text(view)[-1].endswith("line 50003")  # (draws it again, by hand)
 
     run(FrameCountingApp(buf), body)
+
+
+def test_focus_tints_the_view_without_rendering_its_lines_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache holds each line without the widget's base style (focus changes it): a
+    focus change repaints the rows with the new tint from the cached segments."""
+    buf = LogBuffer(100)
+    buf.extend(lines(50))
+    built: list[str] = []
+    original = log_view_module.build_text
+
+    def counting(raw: str) -> Any:
+        built.append(raw)
+        return original(raw)
+
+    monkeypatch.setattr(log_view_module, "build_text", counting)
+
+    async def body(pilot: Pilot[None], view: LogView) -> None:
+        view.blur()
+        await pilot.pause()
+        blurred = view.render_line(0)
+        built.clear()
+        view.focus()
+        await pilot.pause()
+        focused = view.render_line(0)
+        assert built == []  # no line rendered again
+        assert focused.text == blurred.text
+        assert [seg.style.bgcolor for seg in focused] != [seg.style.bgcolor for seg in blurred]
+
+    run(LogApp(buf), body)
 
 
 # -- wrap, timestamps ---------------------------------------------------------------------------

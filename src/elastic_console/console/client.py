@@ -78,6 +78,10 @@ Record = Event | LogBatch | ConnectionChange
 BLOCK_MS = 2_000  # one XREAD BLOCK; also bounds how late a Ctrl-C or a new stream is seen
 STREAMS_REFRESH_S = 3.0  # re-read the set of log streams at least this often
 READ_COUNT = 1_000  # entries per stream per XREAD: bounds one reply's size
+#: At most one XREAD per this interval. Each one names every log stream (130 arguments for
+#: 64 nodes, ~0.2 ms just to encode) and wakes as soon as any stream has an entry, so a busy
+#: job was read in hundreds of tiny replies a second; waiting this long lets entries gather.
+READ_INTERVAL_S = 0.02
 LIST_EVENTS_PER_JOB = 300  # events folded per job by list_jobs
 ACTIVE_NODES_EVENTS = 5_000  # events folded to find the nodes expected to ack
 BACKOFF_START, BACKOFF_MAX = 0.05, 1.0
@@ -327,6 +331,9 @@ class JobClient:
         after events that announce a node and at least every few seconds. ``logs=False``
         reads the event stream only.
 
+        Reads at most every ``READ_INTERVAL_S``: a record is yielded at most that much later
+        than an XREAD per entry would.
+
         On a Redis outage yields ``ConnectionChange(False, why)`` once, reconnects with
         backoff (50 ms doubling to 1 s), yields ``ConnectionChange(True, "")`` and continues
         from the same ids. A refusal that is not an outage (e.g. ``NOPERM``) raises
@@ -336,6 +343,7 @@ class JobClient:
         connected = True
         backoff = BACKOFF_START
         next_refresh = 0.0
+        last_read = 0.0
         while True:
             reply: Any = None
             failure: BaseException | None = None
@@ -357,6 +365,10 @@ class JobClient:
                         await self._refresh_streams()
                         next_refresh = time.monotonic() + STREAMS_REFRESH_S
                     ids = self._last_ids if logs else {k.events: self._last_ids[k.events]}
+                    wait = last_read + READ_INTERVAL_S - time.monotonic()
+                    if wait > 0:
+                        await asyncio.sleep(wait)  # let entries gather (READ_INTERVAL_S)
+                    last_read = time.monotonic()
                     reply = await self._reader.xread(dict(ids), count=READ_COUNT, block=BLOCK_MS)
                 except _CONNECTION_ERRORS as exc:
                     failure = exc
@@ -366,7 +378,7 @@ class JobClient:
                 if connected:
                     connected = False
                     yield ConnectionChange(False, str(self._explain(failure)))
-                await asyncio.sleep(backoff)  # reconnection backoff: the only sleep here
+                await asyncio.sleep(backoff)  # reconnection backoff
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
             for key, entries in reply or ():

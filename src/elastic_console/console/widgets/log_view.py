@@ -27,8 +27,9 @@ How it stays fast at 50k lines/s over a 200k-line buffer:
   character counts and is corrected when a line drawn turns out wider.
 * Only the visible rows are rendered (``render_line``). The LRU cache holds each line's full,
   uncropped rendering as segments, keyed by its absolute ``seq`` (stable when older lines fall
-  off); the row's Strip is made per frame (see ``_Rendered`` for why never cached). It is
-  cleared when the prefix columns or the widget's style change.
+  off), in the line's own styles; the widget's base style (focus tints it) is added and the
+  row's Strip made per frame (see ``_Rendered``). It is cleared when the prefix columns
+  change. A frame is drawn only when the rows on screen changed (``_repaint_if_moved``).
 
 Untrusted text: every line goes through :func:`~elastic_console.console.text.sanitize` and is
 turned into Rich ``Text`` with ``Text.from_ansi`` (SGR colours kept) or plain ``Text``:
@@ -194,6 +195,10 @@ class _TimestampFormatter:
 
 class _Rendered:
     """Cached rendering of one line: styled segments of its prefix and text.
+
+    Their styles are the line's own (colours, the rank tag's, stderr's), without the widget's
+    base style, which each frame adds (``_styled``): focus changes the base (a tint), and a
+    cache that held it was thrown away and re-rendered on every ``tab``.
 
     Segments only, never a ``Strip``: a Strip soon refers to itself through its own caches
     (``divide``, ``crop``), so one kept for longer than a frame survives into the oldest
@@ -838,8 +843,7 @@ class LogView(ScrollView, can_focus=True):
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._base_style = None
-        self._cache.clear()
+        self._base_style = None  # the cache holds no base style (see _Rendered): it stays
         self._look += 1
 
     def _style(self) -> Style:
@@ -901,21 +905,20 @@ class LogView(ScrollView, can_focus=True):
         if type(raw) is not str:
             raw = str(raw)
         err = stream == "err"
-        base = self._style()
         prefix: list[Segment] = []
         width = 0
         if self.show_timestamps:
             ts = self._format_ts(ms) + " "
-            prefix.append(Segment(ts, base + (_TS_ERR_STYLE if err else _TS_STYLE)))
+            prefix.append(Segment(ts, _TS_ERR_STYLE if err else _TS_STYLE))
             width += len(ts)
         if self.show_rank_tags:
             tag = sanitize(f"[{rank!s:>{self._digits}}]")
-            prefix.append(Segment(tag, base + rank_style(rank)))
-            prefix.append(Segment(" ", base))
+            prefix.append(Segment(tag, rank_style(rank)))
+            prefix.append(Segment(" "))
             width += cell_len(tag) + 1
         text = build_text(raw)
-        body = list(Segment.apply_style(text.render(self.app.console),
-                                        base + _ERR_TEXT_STYLE if err else base))
+        body = text.render(self.app.console)
+        body = list(Segment.apply_style(body, _ERR_TEXT_STYLE) if err else body)
         rendered = _Rendered(prefix, width, body, text.cell_len)
         self._cache.put(seq, rendered)
         return rendered
@@ -937,8 +940,8 @@ class LogView(ScrollView, can_focus=True):
         if self._text_width:
             tw = self._text_width
             if sub == 0 and rendered.text_width <= tw:  # fits on one row: the common case
-                return fit_row(rendered.prefix + rendered.text,
-                            rendered.prefix_width + rendered.text_width, 0, width, style)
+                return fit_row(_styled(rendered.prefix + rendered.text, style),
+                               rendered.prefix_width + rendered.text_width, 0, width, style)
             body = Strip(rendered.text, rendered.text_width).crop(sub * tw, (sub + 1) * tw)
             # continuation rows are indented under the text
             if sub == 0:
@@ -946,11 +949,17 @@ class LogView(ScrollView, can_focus=True):
                 head_width = rendered.prefix_width
             else:
                 head_width = self._prefix_width()
-                head = [Segment(" " * head_width, style)]
-            return fit_row(head + list(body), head_width + body.cell_length, 0, width, style)
+                head = [Segment(" " * head_width)]
+            return fit_row(_styled(head + list(body), style), head_width + body.cell_length, 0,
+                           width, style)
         if rendered.text_width > self._max_cells:  # wider than its length said
             self._max_cells = rendered.text_width
             self.call_after_refresh(self._sync, 0)
-        return fit_row(rendered.prefix + rendered.text, rendered.prefix_width + rendered.text_width,
-                    scroll_x, width, style)
+        return fit_row(_styled(rendered.prefix + rendered.text, style),
+                       rendered.prefix_width + rendered.text_width, scroll_x, width, style)
+
+
+def _styled(segments: list[Segment], base: Style) -> list[Segment]:
+    """``segments`` (a line's own styles) over the widget's ``base`` style: a new list."""
+    return [Segment(text, base + style) for text, style, _ in segments]
 
