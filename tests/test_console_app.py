@@ -554,8 +554,9 @@ def test_s_stops_the_job(own_job, redis_url):
         await wait_until_async(lambda: agent.proc.poll() is not None, 30, "the agent to exit")
         await wait_until_async(lambda: app.view.state == "stopped", 10, "the stopped state")
         await pilot.press("escape")
-        await pilot.pause()
-        assert "STOPPED" in screen_text(app).splitlines()[0]
+        # the header follows the JobView at the next refresh tick (10 Hz)
+        await wait_until_async(lambda: "STOPPED" in screen_text(app).splitlines()[0], 5,
+                               "the header to say so")
         # Now there is nothing to stop: the keys say so.
         await pilot.press("s")
         await on_screen(app, CommandDialog, shown=False)
