@@ -164,6 +164,7 @@ FAIL_RANK = 37
 RESTART_GAP_S = 0.4
 SAMPLE_S = 0.25
 STALL_TRACE_MS = 40.0  # --profile: stalls this long are explained from stack samples
+TRACE_KEY_MS = 70.0  # --trace-stalls: keys this slow are explained too (near the goal)
 LEAK_MIB_S = 2.0  # RSS growth over the hold that counts as unbounded (see the docstring)
 
 
@@ -861,7 +862,7 @@ async def console_run(args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.wait_for(probe.done.wait(), KEY_TIMEOUT_S)
                 lat[step.group].append(probe.latency_ms)
                 to_state.append(probe.state_ms)
-                if tracer is not None and probe.latency_ms >= GOAL_MS:
+                if tracer is not None and probe.latency_ms >= TRACE_KEY_MS:
                     tracer.stall(probe.t0, probe.t0 + probe.latency_ms / 1000,
                                  f"KEY {step.key!r} (state after {probe.state_ms:.0f} ms)")
             except asyncio.TimeoutError:
@@ -1180,7 +1181,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="directory: cProfile the console during the window")
     parser.add_argument("--trace-stalls", action="store_true",
                         help="print where the event loop was during each stall of "
-                        f"{STALL_TRACE_MS:g} ms or more (stack samples, to stderr)")
+                        f"{STALL_TRACE_MS:g} ms or more and each key of {TRACE_KEY_MS:g} ms "
+                        "or more (stack samples, to stderr)")
     parser.add_argument("--feeder", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--console", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
