@@ -21,7 +21,7 @@ redis: $(STAMP)
 	@bash scripts/ensure-redis.sh $(VENV)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench examples scripts
+	$(VENV)/bin/ruff check agent console tests bench examples scripts
 	$(VENV)/bin/lint-imports
 
 test: redis lint

@@ -136,8 +136,8 @@ from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
-from elastic_console.agent.connection import make_async_client, make_client, parse_endpoint
-from elastic_console.agent.protocol import (
+from elastic_agent.coordination.connection import make_async_client, make_client, parse_endpoint
+from elastic_agent.coordination.protocol import (
     EVENTS_MAXLEN,
     JOBS_INDEX,
     LOGS_MAXLEN,
@@ -147,8 +147,8 @@ from elastic_console.agent.protocol import (
     encode_event,
     encode_log_batch,
 )
-from elastic_console.agent.standalone import RedisServer
-from elastic_console.console.app import ConsoleApp
+from elastic_agent.supervision.standalone import RedisServer
+from elastic_console.app import ConsoleApp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from log_view_bench import make_pool

@@ -51,8 +51,8 @@ from textual.geometry import Region
 from textual.strip import Strip
 from textual.widgets import Log
 
-from elastic_console.console.logbuffer import LogBuffer, LogLine
-from elastic_console.console.widgets.log_view import LogView
+from elastic_console.logbuffer import LogBuffer, LogLine
+from elastic_console.widgets.log_view import LogView
 
 SIZE = (160, 50)
 RANKS = 1024

@@ -19,7 +19,8 @@ import threading
 import time
 import uuid
 
-from elastic_console.agent.standalone import RedisServer, free_port
+from elastic_agent.coordination.ports import free_port
+from elastic_agent.supervision.standalone import RedisServer
 
 
 def rendezvous_time(backend: str, endpoint: str, n: int, timeout: float) -> float | None:

@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from elastic_console.agent.connection import parse_endpoint
-from elastic_console.agent.standalone import RedisServer
-from elastic_console.console.app import ConsoleApp
+from elastic_agent.coordination.connection import parse_endpoint
+from elastic_agent.supervision.standalone import RedisServer
+from elastic_console.app import ConsoleApp
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "screenshots"
@@ -80,7 +80,7 @@ def main() -> int:
     job = f"demo-{int(time.time()) % 100000}"
     with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
         agent = subprocess.Popen(
-            [sys.executable, "-m", "elastic_console.agent.cli", "--redis", server.url,
+            [sys.executable, "-m", "elastic_agent.supervision.cli", "--redis", server.url,
              "--job-id", job, "--nproc-per-node", "4", "--max-restarts", "3",
              "--log-dir", tmp, str(ROOT / "examples" / "train.py"), "--steps", "400",
              "--crash-rank", "2", "--crash-step", "4", "--sleep", "0.3",

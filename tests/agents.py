@@ -15,8 +15,7 @@ from tests.waiting import wait_until  # noqa: F401 - re-exported for the agent t
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
-AGENT = [sys.executable, "-m", "elastic_console.agent.cli"]
-
+AGENT = [sys.executable, "-m", "elastic_agent.supervision.cli"]
 
 
 class Agent:

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from elastic_console.agent.connection import make_client
-from elastic_console.agent.standalone import RedisServer
+from elastic_agent.coordination.connection import make_client
+from elastic_agent.supervision.standalone import RedisServer
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from elastic_console.agent.connection import make_client
-from elastic_console.agent.protocol import (
+from elastic_agent.coordination.connection import make_client
+from elastic_agent.coordination.protocol import (
     Command,
     EventType,
     JobKeys,
@@ -255,7 +255,7 @@ def test_bad_command_lines_get_one_line_and_status_2(argv, message):
 
 
 def test_unreachable_redis_is_one_line(tmp_path):
-    from elastic_console.agent.standalone import free_port
+    from elastic_agent.coordination.ports import free_port
 
     p = subprocess.run([*AGENT, "--redis", f"127.0.0.1:{free_port()}", str(SCRIPTS / "sleeper.py")],
                        capture_output=True, text=True, timeout=30)
@@ -275,7 +275,7 @@ def test_rendezvous_progress_and_join_timeout(redis_url, job_id, tmp_path):
 
 
 def test_agent_starts_without_torch():
-    code = ("import sys, elastic_console.agent.cli, elastic_console.agent.elastic_agent; "
+    code = ("import sys, elastic_agent.supervision.cli, elastic_agent.supervision.elastic_agent; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 

@@ -24,16 +24,16 @@ from rich.text import Text
 from textual.pilot import Pilot
 from textual.widgets import Button, Input
 
-from elastic_console.agent.connection import make_client, parse_endpoint
-from elastic_console.agent.protocol import EventType, JobKeys, LogBatch, decode_event, encode_event
-from elastic_console.console.app import KEY_HELP, ConsoleApp
-from elastic_console.console.state import JobView
-from elastic_console.console.widgets import rank_table
-from elastic_console.console.widgets.dialogs import CommandDialog, DetailScreen
-from elastic_console.console.widgets.footer import KeyFooter
-from elastic_console.console.widgets.help import HelpScreen, help_text
-from elastic_console.console.widgets.log_panel import FilterBar
-from elastic_console.console.widgets.waiting import WaitingScreen
+from elastic_agent.coordination.connection import make_client, parse_endpoint
+from elastic_agent.coordination.protocol import EventType, JobKeys, LogBatch, decode_event, encode_event
+from elastic_console.app import KEY_HELP, ConsoleApp
+from elastic_console.state import JobView
+from elastic_console.widgets import rank_table
+from elastic_console.widgets.dialogs import CommandDialog, DetailScreen
+from elastic_console.widgets.footer import KeyFooter
+from elastic_console.widgets.help import HelpScreen, help_text
+from elastic_console.widgets.log_panel import FilterBar
+from elastic_console.widgets.waiting import WaitingScreen
 from tests.agents import SCRIPTS, Agent
 from tests.waiting import wait_until, wait_until_async
 
@@ -791,7 +791,7 @@ def test_enter_on_the_waiting_screen_attaches_to_another_job(job, redis_url):
 
 
 def test_attach_scrollback_flag_and_no_terminal(redis_url):
-    from elastic_console.console.cli import build_parser, main
+    from elastic_console.cli import build_parser, main
 
     args = build_parser().parse_args(["attach", "j", "--scrollback", "500", "--read-only"])
     assert (args.scrollback, args.read_only) == (500, True)

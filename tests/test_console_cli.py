@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from elastic_console.agent.connection import make_client
-from elastic_console.agent.protocol import EventType, JobKeys, decode_event, encode_event
+from elastic_agent.coordination.connection import make_client
+from elastic_agent.coordination.protocol import EventType, JobKeys, decode_event, encode_event
 from tests.agents import SCRIPTS, Agent, wait_until
 
-CONSOLE = [sys.executable, "-m", "elastic_console.console.cli"]
+CONSOLE = [sys.executable, "-m", "elastic_console.cli"]
 PREFIX = "elastic-console: error: "
 
 

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import redis
 
-from elastic_console.agent.connection import RedisUnavailableError, make_client
-from elastic_console.agent.protocol import (
+from elastic_agent.coordination.connection import RedisUnavailableError, make_client
+from elastic_agent.coordination.protocol import (
     JOBS_INDEX,
     Event,
     EventType,
@@ -20,8 +20,8 @@ from elastic_console.agent.protocol import (
     encode_event,
     encode_log_batch,
 )
-from elastic_console.console import client as client_module
-from elastic_console.console.client import ConnectionChange, JobClient
+from elastic_console import client as client_module
+from elastic_console.client import ConnectionChange, JobClient
 from tests.agents import SCRIPTS, Agent, wait_until
 
 

@@ -9,7 +9,7 @@ import time
 
 from rich.text import Text
 
-from elastic_console.agent.protocol import (
+from elastic_agent.coordination.protocol import (
     Event,
     EventType,
     LogBatch,
@@ -18,14 +18,14 @@ from elastic_console.agent.protocol import (
     encode_event,
     encode_log_batch,
 )
-from elastic_console.console.state import (
+from elastic_console.state import (
     RESOURCE_HISTORY,
     ConnectionChange,
     JobView,
     LogBuffer,
     LogLine,
 )
-from elastic_console.console.text import sanitize, strip_sgr
+from elastic_console.text import sanitize, strip_sgr
 
 # -- text ----------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_console.agent.protocol import EventType, JobKeys, decode_event
+from elastic_agent.coordination.protocol import EventType, JobKeys, decode_event
 from tests.agents import SCRIPTS, Agent, wait_until
 
 CONSOLE = Path(sys.executable).with_name("elastic-console")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from elastic_console.console.input_gate import InputGate
+from elastic_console.input_gate import InputGate
 
 
 def test_an_open_gate_does_not_wait_or_yield() -> None:

@@ -14,11 +14,11 @@ from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.strip import Strip
 
-from elastic_console.console.logbuffer import LogBuffer, LogLine
-from elastic_console.console.text import sanitize, strip_sgr
-from elastic_console.console.widgets import LogView
-from elastic_console.console.widgets import log_view as log_view_module
-from elastic_console.console.widgets.log_view import text_cells
+from elastic_console.logbuffer import LogBuffer, LogLine
+from elastic_console.text import sanitize, strip_sgr
+from elastic_console.widgets import LogView
+from elastic_console.widgets import log_view as log_view_module
+from elastic_console.widgets.log_view import text_cells
 
 T0 = 1_700_000_000_000  # 2023-11-14 22:13:20.000 UTC
 SIZE = (80, 12)  # the view gets 78 text columns (vertical scrollbar) and 11 rows (horizontal)
@@ -680,7 +680,7 @@ HARD_LINES = [
 
 @pytest.mark.parametrize("raw", HARD_LINES, ids=[f"line{i}" for i in range(len(HARD_LINES))])
 def test_measured_width_matches_rendered_width(raw: str) -> None:
-    from elastic_console.console.widgets.log_view import build_text, cells_of, visible_text
+    from elastic_console.widgets.log_view import build_text, cells_of, visible_text
 
     assert text_cells(raw) == build_text(raw).cell_len
     assert cells_of([raw, "ok"]) == [build_text(raw).cell_len, 2]

@@ -13,8 +13,9 @@ import pytest
 import pytest_asyncio
 import redis
 
-from elastic_console.agent import protocol
-from elastic_console.agent.logs import (
+from elastic_agent.coordination import protocol
+from elastic_agent.coordination.protocol import JobKeys, LogBatch
+from elastic_agent.supervision.logs import (
     LogConfig,
     NodeLogs,
     Std,
@@ -23,9 +24,8 @@ from elastic_console.agent.logs import (
     parse_local_ranks_filter,
     parse_std_spec,
 )
-from elastic_console.agent.protocol import JobKeys, LogBatch
-from elastic_console.agent.publisher import StreamPublisher
-from elastic_console.agent.workers import RankAssignment, WorkerGroup, WorkerSpec, WorkerState
+from elastic_agent.supervision.publisher import StreamPublisher
+from elastic_agent.supervision.workers import RankAssignment, WorkerGroup, WorkerSpec, WorkerState
 
 NODE = "node-a"
 

@@ -10,10 +10,11 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from elastic_console.agent.connection import make_async_client, make_client
-from elastic_console.agent.protocol import JobKeys, stream_id_ms
-from elastic_console.agent.publisher import StreamPublisher
-from elastic_console.agent.standalone import RedisServer, free_port
+from elastic_agent.coordination.connection import make_async_client, make_client
+from elastic_agent.coordination.ports import free_port
+from elastic_agent.coordination.protocol import JobKeys, stream_id_ms
+from elastic_agent.supervision.publisher import StreamPublisher
+from elastic_agent.supervision.standalone import RedisServer
 from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.asyncio

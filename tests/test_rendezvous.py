@@ -13,8 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from elastic_console.agent.protocol import JobKeys
-from elastic_console.agent.rendezvous import (
+from elastic_agent.coordination.ports import free_port
+from elastic_agent.coordination.protocol import JobKeys
+from elastic_agent.coordination.rendezvous import (
     RedisRendezvous,
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -23,7 +24,6 @@ from elastic_console.agent.rendezvous import (
     RendezvousSettings,
     RendezvousTimeoutError,
 )
-from elastic_console.agent.standalone import free_port
 from tests.waiting import wait_until
 
 
@@ -289,7 +289,7 @@ def test_bad_settings_are_refused() -> None:
 
 
 def test_joining_lists_the_job_in_the_index(nodes: Nodes, r, job_id: str) -> None:
-    from elastic_console.agent.protocol import JOBS_INDEX
+    from elastic_agent.coordination.protocol import JOBS_INDEX
 
     nodes.make(fixed(1)).next_rendezvous()
     assert r.zscore(JOBS_INDEX, job_id) is not None

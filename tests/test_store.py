@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import redis
 
-from elastic_console.agent.connection import RedisUnavailableError, make_client
-from elastic_console.agent.protocol import JobKeys
-from elastic_console.agent.standalone import free_port
-from elastic_console.agent.store import (
+from elastic_agent.coordination.connection import RedisUnavailableError, make_client
+from elastic_agent.coordination.ports import free_port
+from elastic_agent.coordination.protocol import JobKeys
+from elastic_agent.coordination.store import (
     RedisStore,
     StoreTimeoutError,
     barrier,

@@ -16,11 +16,11 @@ import pytest
 import redis
 import torch.distributed as dist
 
-from elastic_console.agent.connection import make_client
-from elastic_console.agent.protocol import JobKeys
-from elastic_console.agent.standalone import free_port
-from elastic_console.agent.store import RedisStore
-from elastic_console.agent.torch_compat import TorchRedisStore
+from elastic_agent.coordination.connection import make_client
+from elastic_agent.coordination.ports import free_port
+from elastic_agent.coordination.protocol import JobKeys
+from elastic_agent.coordination.store import RedisStore
+from elastic_agent.coordination.torch_compat import TorchRedisStore
 
 
 @pytest.fixture
@@ -146,7 +146,7 @@ _WORKER = textwrap.dedent(
     import sys
     import torch
     import torch.distributed as dist
-    from elastic_console.agent.torch_compat import TorchRedisStore
+    from elastic_agent.coordination.torch_compat import TorchRedisStore
 
     url, job, rank, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     store = TorchRedisStore(url, job, "pg", timeout=30)

@@ -17,7 +17,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from elastic_console.agent.torch_compat import TorchRedisStore
+from elastic_agent.coordination.torch_compat import TorchRedisStore
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

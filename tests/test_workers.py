@@ -17,8 +17,8 @@ from typing import Any
 import psutil
 import pytest
 
-from elastic_console.agent.logs import NodeLogs
-from elastic_console.agent.workers import (
+from elastic_agent.supervision.logs import NodeLogs
+from elastic_agent.supervision.workers import (
     GroupResult,
     RankAssignment,
     WorkerExit,

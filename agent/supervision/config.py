@@ -14,10 +14,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .connection import Endpoint, EndpointError, parse_endpoint
+from ..coordination.connection import Endpoint, EndpointError, parse_endpoint
+from ..coordination.protocol import InvalidJobIdError, validate_job_id
+from ..coordination.rendezvous import RendezvousSettings
 from .logs import parse_local_ranks_filter, parse_std_spec
-from .protocol import InvalidJobIdError, validate_job_id
-from .rendezvous import RendezvousSettings
 
 
 class UsageError(ValueError):
@@ -156,7 +156,7 @@ def parse_nproc(value: str) -> int:
     if value == "cpu":
         return os.cpu_count() or 1
     if value in ("gpu", "auto"):
-        from .torch_compat import cuda_device_count  # torch only when asked for GPUs
+        from ..coordination.torch_compat import cuda_device_count  # torch only when asked for GPUs
 
         gpus = cuda_device_count()
         if gpus:

@@ -37,22 +37,22 @@ from typing import IO, Any, TypeVar
 import redis
 import redis.asyncio as aioredis
 
-from . import protocol
-from .commands import CommandReader, Rejected
-from .config import AgentConfig
-from .connection import explain_error, make_async_client
-from .events import EventSink, ResourceSampler
-from .logs import LogConfig, NodeLogs, make_logs_drop_marker, parse_std_spec
-from .protocol import Command, CommandType, EventType, JobKeys
-from .publisher import StreamPublisher
-from .rendezvous import (
+from ..coordination import protocol
+from ..coordination.connection import explain_error, make_async_client
+from ..coordination.protocol import Command, CommandType, EventType, JobKeys
+from ..coordination.rendezvous import (
     RedisRendezvous,
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousProgress,
     RendezvousResult,
 )
-from .store import RedisStore, StoreTimeoutError, barrier
+from ..coordination.store import RedisStore, StoreTimeoutError, barrier
+from .commands import CommandReader, Rejected
+from .config import AgentConfig
+from .events import EventSink, ResourceSampler
+from .logs import LogConfig, NodeLogs, make_logs_drop_marker, parse_std_spec
+from .publisher import StreamPublisher
 from .workers import GroupResult, RankAssignment, WorkerExit, WorkerGroup, WorkerSpec, WorkerState
 
 log = logging.getLogger(__name__)

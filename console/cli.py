@@ -17,7 +17,7 @@ regex; a confirmation that cannot be asked). A failure is one line on stderr sta
 ``elastic-console: error: ``, never a traceback. Ctrl-C ends ``--follow`` with status 0.
 
 Everything printed that came from the job (log lines, host names, messages) goes through
-:func:`elastic_console.console.text.sanitize`; SGR colours are kept only on a terminal.
+:func:`elastic_console.text.sanitize`; SGR colours are kept only on a terminal.
 The Textual app is imported only by ``attach``, so the other subcommands start fast and work
 without a terminal.
 """
@@ -35,14 +35,14 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
 from typing import IO, Any, NoReturn
 
-from elastic_console.agent.connection import (
+from elastic_agent.coordination.connection import (
     DEFAULT_URL,
     Endpoint,
     EndpointError,
     RedisUnavailableError,
     parse_endpoint,
 )
-from elastic_console.agent.protocol import (
+from elastic_agent.coordination.protocol import (
     STDERR,
     CommandType,
     Event,
@@ -518,7 +518,7 @@ async def _command(ep: Endpoint, args: argparse.Namespace) -> int:
 
 def _attach(ep: Endpoint, args: argparse.Namespace) -> int:
     """Start the Textual app: ``run_app(endpoint=..., job_id=..., read_only=..., scrollback=...)``
-    from ``elastic_console.console.app``, imported here only (the other subcommands never load
+    from ``elastic_console.app``, imported here only (the other subcommands never load
     Textual). Its return value, if an int, is the exit status.
 
     A job that does not exist yet is not an error: the app waits for it (and lists the jobs it
@@ -530,7 +530,7 @@ def _attach(ep: Endpoint, args: argparse.Namespace) -> int:
         raise CliError("attach needs a terminal (stdin and stdout are not both a tty); "
                        f"scripts can use {PROG} status, logs and events", EXIT_USAGE)
     try:
-        from elastic_console.console.app import run_app
+        from elastic_console.app import run_app
     except ModuleNotFoundError as exc:
         raise CliError(f"the console app cannot start: {exc}") from None
 

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import redis
 import redis.asyncio as aioredis
 
-from elastic_console.agent.connection import Endpoint, make_async_client, redact
+from elastic_agent.coordination.connection import Endpoint, make_async_client, redact
 
 log = logging.getLogger(__name__)
 

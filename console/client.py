@@ -1,8 +1,8 @@
 """JobClient: reads a job's streams from Redis and sends it commands. asyncio; no Textual.
 
 The console's only door to Redis. It speaks the wire contract of
-:mod:`elastic_console.agent.protocol` (every key comes from there) through the clients of
-:mod:`elastic_console.agent.connection`:
+:mod:`elastic_agent.coordination.protocol` (every key comes from there) through the clients of
+:mod:`elastic_agent.coordination.connection`:
 
 * a command client (fail fast, a couple of retries) for everything that does not block;
 * a blocking reader (socket timeout longer than its ``XREAD BLOCK``) for :meth:`follow` and
@@ -18,7 +18,7 @@ Reading contract (FIELD-NOTES: ``$`` can skip entries, a reader must re-send its
   outage it re-sends the same ids: no gap, no duplicate.
 
 Every message names the endpoint by ``Endpoint.display`` (password redacted). Connection
-problems surface as :class:`~elastic_console.agent.connection.RedisUnavailableError` with a
+problems surface as :class:`~elastic_agent.coordination.connection.RedisUnavailableError` with a
 one-line explanation.
 """
 
@@ -41,14 +41,14 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError
 
-from elastic_console.agent.connection import (
+from elastic_agent.coordination.connection import (
     Endpoint,
     RedisUnavailableError,
     explain_error,
     make_async_client,
     parse_endpoint,
 )
-from elastic_console.agent.protocol import (
+from elastic_agent.coordination.protocol import (
     COMMANDS_MAXLEN,
     JOBS_INDEX,
     Command,

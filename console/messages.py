@@ -1,6 +1,6 @@
 """Messages the console's workers post to the app.
 
-Workers (see :mod:`elastic_console.console.app`) do the I/O through the JobClient and fold what
+Workers (see :mod:`elastic_console.app`) do the I/O through the JobClient and fold what
 they read into the JobView themselves (same event loop: no locks). The UI redraws from the
 JobView on a timer, so records are never messages: a message is posted only for a discrete
 happening the UI must react to at once (a banner, a dialog line, a screen switch).

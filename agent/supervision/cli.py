@@ -12,9 +12,9 @@ import logging
 import os
 import sys
 
+from ..coordination.connection import RedisUnavailableError, connect, parse_endpoint
+from ..coordination.rendezvous import RendezvousConnectionError, RendezvousError
 from .config import AgentConfig, UsageError, parse_args
-from .connection import RedisUnavailableError, connect, parse_endpoint
-from .rendezvous import RendezvousConnectionError, RendezvousError
 from .standalone import RedisServer, RedisServerNotFoundError, standalone_port
 
 

@@ -44,8 +44,8 @@ import redis
 
 from . import protocol
 from .connection import Endpoint, explain_error, make_client, parse_endpoint
+from .ports import free_port
 from .protocol import JobKeys, NodeDescription, RoundInfo
-from .standalone import free_port
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import redis
 import redis.asyncio as aioredis
 
-from .protocol import Command, JobKeys, decode_command
+from ..coordination.protocol import Command, JobKeys, decode_command
 
 log = logging.getLogger(__name__)
 

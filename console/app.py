@@ -6,14 +6,14 @@ selected rank's CPU/RSS sparklines, the timeline, and the log view; a footer wit
 
 Architecture
 
-* I/O lives in :class:`~elastic_console.console.client.JobClient`. The app runs it in async
+* I/O lives in :class:`~elastic_console.client.JobClient`. The app runs it in async
   workers on its own event loop (``@work``, ``exit_on_error=False``: a Redis problem is shown,
   never fatal):
 
   - ``attach``: does the job exist? If not, :class:`~.widgets.waiting.WaitingScreen` polls
     until it does (or the user picks another job);
   - ``reader``: the job's meta and the history Redis kept (``client.history``), folded into
-    the :class:`~elastic_console.console.state.JobView` in slices that yield to the UI, then
+    the :class:`~elastic_console.state.JobView` in slices that yield to the UI, then
     ``client.follow()`` forever. ``follow`` rides out outages itself (it resumes from the
     last ids: no gap, no duplicate) and yields ``ConnectionChange`` records;
   - ``poll``: resource samples every second, the meta hash every few seconds;
@@ -21,7 +21,7 @@ Architecture
   - ``commands``: send a command, then wait for the agents' acks (``client.wait_acks``).
 
 * Workers fold records into the JobView directly (same loop, no locks) and post messages
-  (:mod:`elastic_console.console.messages`) only for discrete happenings: connection lost or
+  (:mod:`elastic_console.messages`) only for discrete happenings: connection lost or
   back, history loaded, write access known, a command sent, an ack, a command's outcome.
 
 * Refresh policy: records never redraw anything. A 10 Hz timer compares ``JobView.version``
@@ -30,7 +30,7 @@ Architecture
   is synced at most 4 times a second (the visible rows only, repainted if one changed) and
   its order once a second; sparklines only when the selected rank's samples changed. Keys act at once
   (they do not wait for the timer), and go first: a key or click closes the
-  :class:`~elastic_console.console.input_gate.InputGate`, and the reader and the log view's
+  :class:`~elastic_console.input_gate.InputGate`, and the reader and the log view's
   rescans wait until the frame after it is drawn (at most 0.1 s). Why 10 Hz: every frame
   costs Textual ~5 ms of compositing whatever changed; following 40 lines/s took 13% of a
   core at 20 Hz, 8% at 10 Hz.
@@ -68,8 +68,8 @@ from textual.screen import Screen
 from textual.widgets import OptionList
 from textual.worker import Worker, WorkerState
 
-from elastic_console.agent.connection import Endpoint, RedisUnavailableError
-from elastic_console.agent.protocol import CommandType, Event, LogBatch
+from elastic_agent.coordination.connection import Endpoint, RedisUnavailableError
+from elastic_agent.coordination.protocol import CommandType, Event, LogBatch
 
 from .client import Ack, ConnectionChange, JobClient
 from .gc_policy import GcPolicy

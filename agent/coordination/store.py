@@ -38,7 +38,7 @@ from typing import Any
 
 import redis
 
-from elastic_console.agent.connection import (
+from elastic_agent.coordination.connection import (
     Endpoint,
     RedisUnavailableError,
     describe_endpoint,
@@ -46,7 +46,7 @@ from elastic_console.agent.connection import (
     make_client,
     parse_endpoint,
 )
-from elastic_console.agent.protocol import NOTIFY_MAXLEN, JobKeys
+from elastic_agent.coordination.protocol import NOTIFY_MAXLEN, JobKeys
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -199,7 +199,7 @@ class RedisStore:
 
     The store is safe to share between threads: each blocking wait holds its own
     connection of the reader client's pool. Redis errors that outlive the clients' retries
-    are raised as :class:`~elastic_console.agent.connection.RedisUnavailableError`.
+    are raised as :class:`~elastic_agent.coordination.connection.RedisUnavailableError`.
     """
 
     def __init__(

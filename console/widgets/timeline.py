@@ -2,7 +2,7 @@
 
 Rendezvous rounds, nodes joining, leaving and lost, failures with their root cause, restarts
 with their reason, commands (sent from here) and who acked them, the job's end. ``enter`` on an
-entry opens it in full (:class:`~elastic_console.console.widgets.dialogs.DetailScreen`: the
+entry opens it in full (:class:`~elastic_console.widgets.dialogs.DetailScreen`: the
 traceback of a failure, the members of a round).
 
 It is an ``OptionList`` fed incrementally from ``JobView.timeline``: ``timeline_total`` says

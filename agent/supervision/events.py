@@ -20,8 +20,8 @@ from typing import Any
 import psutil
 import redis.asyncio as aioredis
 
-from . import protocol
-from .protocol import EventType, JobKeys
+from ..coordination import protocol
+from ..coordination.protocol import EventType, JobKeys
 from .publisher import StreamPublisher
 
 log = logging.getLogger(__name__)

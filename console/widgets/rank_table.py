@@ -1,6 +1,6 @@
 """RankTable: one row per global rank, drawn from the JobView, only the rows on screen.
 
-A ScrollView (like :class:`~elastic_console.console.widgets.log_view.LogView`), not a
+A ScrollView (like :class:`~elastic_console.widgets.log_view.LogView`), not a
 DataTable: with 1,024 ranks and a few cells changing every second, DataTable's per-cell
 Text objects, its render caches and its whole-table sort cost tens of milliseconds in the
 middle of key presses. Here a row is a tuple of plain strings (:func:`row_values`) turned into

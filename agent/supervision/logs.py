@@ -9,8 +9,8 @@ Every chunk a worker writes to stdout or stderr goes three ways:
    stream neither redirected nor teed goes to the terminal unprefixed, and
    ``local_ranks_filter`` limits which local ranks reach the terminal at all;
 3. as lines to the node's log stream in Redis, several lines per entry
-   (:class:`~elastic_console.agent.protocol.LogBatch`), through a
-   :class:`~elastic_console.agent.publisher.StreamPublisher`.
+   (:class:`~elastic_agent.coordination.protocol.LogBatch`), through a
+   :class:`~elastic_agent.supervision.publisher.StreamPublisher`.
 
 Throughput is the point (a worker may print millions of lines): the work is per chunk, not per
 line, with C-level bytes operations (``rfind``, ``replace``, ``split``, ``decode``), and the
@@ -34,9 +34,9 @@ from pathlib import Path
 from string import Template
 from typing import IO, Protocol
 
-from elastic_console.agent import protocol
-from elastic_console.agent.protocol import JobKeys, LogBatch
-from elastic_console.agent.publisher import DropMarkerFactory, Record, StreamPublisher
+from elastic_agent.coordination import protocol
+from elastic_agent.coordination.protocol import JobKeys, LogBatch
+from elastic_agent.supervision.publisher import DropMarkerFactory, Record, StreamPublisher
 
 #: Longest line shipped to Redis; the rest of a longer line is replaced by a marker.
 DEFAULT_MAX_LINE_BYTES = 16 * 1024

@@ -1,6 +1,6 @@
 """LogView: live per-rank worker logs, rendering only the visible lines.
 
-The app owns a :class:`~elastic_console.console.logbuffer.LogBuffer` (bounded ring of
+The app owns a :class:`~elastic_console.logbuffer.LogBuffer` (bounded ring of
 ``LogLine(server_ms, rank, stream, text)``, ``text`` a ``str``), gives it to the view
 (``view.source = buffer``) and, after appending, calls :meth:`LogView.on_new_lines`
 (coalesced, ~20-30 times a second). (``refresh_lines`` is Textual's own ScrollView method,
@@ -31,7 +31,7 @@ How it stays fast at 50k lines/s over a 200k-line buffer:
   row's Strip made per frame (see ``_Rendered``). It is cleared when the prefix columns
   change. A frame is drawn only when the rows on screen changed (``_repaint_if_moved``).
 
-Untrusted text: every line goes through :func:`~elastic_console.console.text.sanitize` and is
+Untrusted text: every line goes through :func:`~elastic_console.text.sanitize` and is
 turned into Rich ``Text`` with ``Text.from_ansi`` (SGR colours kept) or plain ``Text``:
 never markup. ``[bold]x[/bold]`` shows as those characters; ``ESC ] 0 ; title BEL`` shows as
 ``\\x1b]0;title\\x07``. Tabs are expanded (a raw tab would move the terminal's cursor).

@@ -26,7 +26,7 @@ __all__ = ["LogBuffer", "LogLine"]
 class LogLine(NamedTuple):
     """One line of a worker's output.
 
-    Field-compatible with :class:`elastic_console.console.state.LogLine` (same names, same
+    Field-compatible with :class:`elastic_console.state.LogLine` (same names, same
     order): the view only reads the four positions, so any such 4-tuple may be stored.
     """
 
