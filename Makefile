@@ -1,6 +1,6 @@
 # `make test` and `make demo` work on a fresh machine: they build .venv, install the project
 # with its test extras (torch pinned to the CPU build found on these machines) and find or
-# install a real redis-server.
+# install a real redis-server; `make test` also tmux, for the console's end-to-end test.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: test demo lint bench screenshots clean redis
+.PHONY: test demo lint bench screenshots clean redis tools
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,13 +18,16 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 redis: $(STAMP)
-	@bash scripts/ensure-redis.sh $(VENV)
+	@bash scripts/ensure-tools.sh $(VENV) redis-server
+
+tools: $(STAMP)
+	@bash scripts/ensure-tools.sh $(VENV) redis-server tmux
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check agent console tests bench examples scripts
 	$(VENV)/bin/lint-imports
 
-test: redis lint
+test: tools lint
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
 
 bench: redis

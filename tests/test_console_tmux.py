@@ -16,7 +16,12 @@ from tests.agents import SCRIPTS, Agent, wait_until
 
 CONSOLE = Path(sys.executable).with_name("elastic-console")
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+def require_tmux() -> None:
+    # A failure, never a skip: a suite that skips its only real-terminal test still passes.
+    if shutil.which("tmux") is None:
+        pytest.fail("tmux is not installed: `make test` installs it (scripts/ensure-tools.sh, "
+                    "as root); elsewhere install it with your package manager", pytrace=False)
 
 
 class Tmux:
@@ -48,6 +53,7 @@ def restarts_by_command(r, job: str) -> int:
 
 
 def test_attach_restart_and_detach_in_tmux(redis_url, r, job_id, tmp_path):
+    require_tmux()
     agent = Agent(["--redis", redis_url, "--job-id", job_id, "--nproc-per-node", "2",
                    "--local-addr", "127.0.0.1", str(SCRIPTS / "sleeper.py")], tmp_path, "a")
     tmux = Tmux([str(CONSOLE), "attach", job_id, "--redis", redis_url])
@@ -67,6 +73,9 @@ def test_attach_restart_and_detach_in_tmux(redis_url, r, job_id, tmp_path):
         tmux.keys("q")
         wait_until(lambda: not tmux.alive(), 15, "the console to detach")
         assert agent.proc.poll() is None, "detaching must never stop the job"
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n--- the tmux screen ---\n{tmux.screen()}\n"
+                             f"--- the agent ---\n{agent.output[-2000:]}") from None
     finally:
         tmux.kill()
         agent.kill()

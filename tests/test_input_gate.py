@@ -6,6 +6,7 @@ import asyncio
 import time
 
 from elastic_console.input_gate import InputGate
+from tests.waiting import wait_until_async
 
 
 def test_an_open_gate_does_not_wait_or_yield() -> None:
@@ -31,7 +32,8 @@ def test_a_closed_gate_holds_pause_until_open() -> None:
         gate.close()
         assert not gate.is_open and gate.holds == 1
         waiter = asyncio.create_task(gate.pause())
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: gate.waits == 1, 5, "the pause to wait")
+        await asyncio.sleep(0.05)  # a while held: it must not return on its own
         assert not waiter.done()  # held
         gate.open()
         await asyncio.wait_for(waiter, 1)
@@ -45,8 +47,8 @@ def test_a_key_that_never_settles_holds_for_hold_max_s_only() -> None:
         gate = InputGate(hold_max_s=0.1)
         gate.close()
         t0 = time.perf_counter()
-        await asyncio.wait_for(gate.pause(), 2)
-        assert 0.08 <= time.perf_counter() - t0 < 1
+        await asyncio.wait_for(gate.pause(), 2)  # a gate that held on would hang here
+        assert time.perf_counter() - t0 >= 0.08
         assert gate.is_open  # and it stays open: the next pause does not wait
         await gate.pause()
         assert gate.waits == 1

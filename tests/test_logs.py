@@ -26,6 +26,7 @@ from elastic_agent.supervision.logs import (
 )
 from elastic_agent.supervision.publisher import StreamPublisher
 from elastic_agent.supervision.workers import RankAssignment, WorkerGroup, WorkerSpec, WorkerState
+from tests.waiting import wait_until_async
 
 NODE = "node-a"
 
@@ -252,9 +253,7 @@ async def test_terminal_shows_an_unterminated_line_after_a_short_delay(tmp_path:
     w = logs.open_worker(directory=tmp_path, role="r", rank=0, local_rank=0, attempt=0)
     w.feed(protocol.STDOUT, b"progress 10%\r")
     assert out.getvalue() == b""  # waits briefly for the rest of the line
-    deadline = asyncio.get_running_loop().time() + 2
-    while out.getvalue() == b"" and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.01)
+    await wait_until_async(lambda: out.getvalue() != b"", 2, "the unterminated line")
     assert out.getvalue() == b"[r0]:progress 10%\r"
     w.feed(protocol.STDOUT, b"progress 100%\n")
     w.close()

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import tracemalloc
 from collections.abc import Callable
 
 import pytest
 import redis
 
-from elastic_agent.coordination.connection import make_async_client, make_client
+from elastic_agent.coordination.connection import make_client
 from elastic_agent.coordination.ports import free_port
 from elastic_agent.coordination.protocol import JobKeys, stream_id_ms
 from elastic_agent.supervision.publisher import StreamPublisher
@@ -207,27 +206,22 @@ async def test_non_droppable_records_outlive_droppable_ones(job_id: str) -> None
     await pub.close(flush_timeout=0)
 
 
-async def test_flush_latency_when_idle(redis_url: str, job_id: str) -> None:
+async def test_an_idle_publisher_sends_a_new_record_without_a_flush(redis_url: str,
+                                                                    r: redis.Redis,
+                                                                    job_id: str) -> None:
+    """Idle, the flusher is parked on its event: publishing wakes it, no flush() needed.
+    How soon is a speed goal (bench/), not asserted here; the bound below only catches a
+    record that is never sent."""
     key = JobKeys(job_id).logs("n")
     pub = StreamPublisher(redis_url)
-    reader = make_async_client(redis_url, blocking_ms=5000)
     await pub.start()
     try:
         pub.publish(key, {"i": "0"}, maxlen=100)
         await asyncio.wait_for(pub.flush(), 5)
-        last_id = (await reader.xrange(key))[-1][0].decode()
-        latencies = []
         for i in range(1, 6):
             await asyncio.sleep(0.1)  # idle: the flusher is parked on its event, no tick
-            read = asyncio.create_task(reader.xread({key: last_id}, block=2000))
-            await asyncio.sleep(0.01)  # let the XREAD reach the server first
-            t0 = time.perf_counter()
             pub.publish(key, {"i": str(i)}, maxlen=100)
-            reply = await asyncio.wait_for(read, 3)
-            latencies.append(time.perf_counter() - t0)
-            entries = reply[0][1]
-            last_id = entries[-1][0].decode()
-        assert max(latencies) < 0.05, latencies
+            await wait_until_async(lambda i=i: r.xlen(key) == i + 1, 5, f"record {i} in Redis")
+        assert [f["i"] for _, f in read_all(r, key)] == [str(i) for i in range(6)]
     finally:
         await pub.close()
-        await reader.aclose()

@@ -9,9 +9,11 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
+from redis.crc import key_slot
 
 from elastic_agent.coordination.ports import free_port
 from elastic_agent.coordination.protocol import JobKeys
@@ -87,23 +89,25 @@ def test_n_nodes_get_unique_ranks_and_one_master(nodes: Nodes, n: int) -> None:
     assert results[0].info.nodes[0]["node"] == rank0.node_id
 
 
-def test_waiters_return_within_milliseconds_of_completion(nodes: Nodes) -> None:
-    first = nodes.make(fixed(2, last_call_timeout=30))
-    done: list[float] = []
-    t = threading.Thread(target=lambda: (first.next_rendezvous(), done.append(time.monotonic())))
+def test_a_waiter_is_woken_by_the_completion(nodes: Nodes) -> None:
+    # Nothing else wakes it for 30 s (one XREAD's block; no deadline or heartbeat expiry
+    # sooner), so returning within t.join's 10 s means the completion woke it.
+    first = nodes.make(fixed(2, last_call_timeout=60, heartbeat_timeout=60,
+                             keep_alive_interval=30))
+    done: list[RendezvousResult] = []
+    t = threading.Thread(target=lambda: done.append(first.next_rendezvous()))
     t.start()
     wait_until(lambda: first.membership().members == [first.node_id], what="first join")
     nodes.make(fixed(2)).next_rendezvous()
-    completed = time.monotonic()
-    t.join(5)
-    assert done and done[0] - completed < 0.1, "waiter was not woken by the completion"
+    t.join(10)
+    assert done, "the waiter was not woken by the completion"
 
 
 def test_last_call_admits_late_nodes_then_completes(nodes: Nodes) -> None:
-    s = RendezvousSettings(min_nodes=2, max_nodes=3, last_call_timeout=1.5)
+    # A join that waited out the 30 s last call would time out at 10 s instead.
+    s = RendezvousSettings(min_nodes=2, max_nodes=3, last_call_timeout=30, join_timeout=10)
     a, b, c = (nodes.make(s) for _ in range(3))
     results: dict[str, RendezvousResult] = {}
-    started = time.monotonic()
     threads = [threading.Thread(target=lambda h=h: results.__setitem__(h.node_id, h.next_rendezvous()))
                for h in (a, b)]
     for t in threads:
@@ -112,18 +116,18 @@ def test_last_call_admits_late_nodes_then_completes(nodes: Nodes) -> None:
     assert not results, "min reached must open a last call, not complete at once"
     results[c.node_id] = c.next_rendezvous()  # arrives inside the last call
     for t in threads:
-        t.join(5)
+        t.join(15)
     assert {r.group_world_size for r in results.values()} == {3}
-    assert time.monotonic() - started < 1.5, "reaching max must complete without the last call"
+    assert len(results) == 3, "reaching max must complete without the last call"
 
 
 def test_last_call_expires_with_min_nodes(nodes: Nodes) -> None:
-    s = RendezvousSettings(min_nodes=2, max_nodes=4, last_call_timeout=0.8)
+    s = RendezvousSettings(min_nodes=2, max_nodes=4, last_call_timeout=0.8, join_timeout=10)
     started = time.monotonic()
     results = nodes.join_all([nodes.make(s), nodes.make(s)])
     took = time.monotonic() - started
     assert [r.group_world_size for r in results] == [2, 2]
-    assert 0.7 <= took < 3.0
+    assert took >= 0.7, "min nodes must wait out the last call"
 
 
 def test_progress_reports_joined_and_last_call(nodes: Nodes) -> None:
@@ -176,7 +180,8 @@ def test_spare_beyond_max_is_not_counted(nodes: Nodes) -> None:
 
 
 def test_lost_node_is_declared_and_survivors_reform_without_last_call(nodes: Nodes) -> None:
-    s = RendezvousSettings(min_nodes=2, max_nodes=3, last_call_timeout=30,
+    # Re-forming that waited out the 30 s last call would time out at 10 s instead.
+    s = RendezvousSettings(min_nodes=2, max_nodes=3, last_call_timeout=30, join_timeout=10,
                            heartbeat_timeout=1.0, keep_alive_interval=0.2)
     a, b, c = (nodes.make(s) for _ in range(3))
     nodes.join_all([a, b, c])
@@ -189,10 +194,8 @@ def test_lost_node_is_declared_and_survivors_reform_without_last_call(nodes: Nod
     # Exactly one observer is told it is the first to see the loss.
     reports = [a.lost_since_last_check()[1], b.lost_since_last_check()[1]]
     assert sorted(map(len, reports)) == [0, 1] and c.node_id in reports[0] + reports[1]
-    started = time.monotonic()
     again = nodes.join_all([a, b])
     assert {r.group_world_size for r in again} == {2} and {r.round for r in again} == {1}
-    assert time.monotonic() - started < 5, "re-forming must not wait out the 30 s last call"
     c._client.close()
 
 
@@ -274,11 +277,34 @@ def test_unreachable_redis_is_one_clear_error(job_id: str) -> None:
     h._stop.set()
 
 
-def test_every_key_is_in_the_jobs_hash_slot(nodes: Nodes, r, job_id: str) -> None:
-    nodes.join_all([nodes.make(fixed(2)), nodes.make(fixed(2))])
-    keys = [k.decode() for k in r.scan_iter(match=f"*{job_id}*")]
-    assert keys and all(k.startswith(JobKeys(job_id).prefix) for k in keys)
-    assert len({r.cluster_keyslot(k) if hasattr(r, "cluster_keyslot") else 0 for k in keys}) == 1
+def test_key_slot_follows_the_cluster_spec() -> None:
+    # The spec's own examples: CRC16/XMODEM of "123456789" is 0x31C3, and only what is
+    # between the braces of a hash tag is hashed.
+    assert key_slot(b"123456789") == 0x31C3
+    assert key_slot(b"{user1000}.following") == key_slot(b"{user1000}.followers") \
+        == key_slot(b"user1000")
+
+
+def job_slots(r, job: str) -> set[int]:
+    keys = list(r.scan_iter(match=f"*{job}*"))
+    assert keys and all(k.decode().startswith(JobKeys(job).prefix) for k in keys), keys
+    return {key_slot(k) for k in keys}
+
+
+def test_every_key_is_in_the_jobs_hash_slot(nodes: Nodes, redis_url: str, r, job_id: str) -> None:
+    # Two job ids share a slot 1 time in 16384: pick a second job that does not.
+    other = next(o for o in (f"slot{i}-{uuid.uuid4().hex[:8]}" for i in range(100))
+                 if key_slot(o.encode()) != key_slot(job_id.encode()))
+    other_nodes = Nodes(redis_url, other)
+    try:
+        nodes.join_all([nodes.make(fixed(2)), nodes.make(fixed(2))])
+        other_nodes.join_all([other_nodes.make(fixed(1))])
+        slots, other_slots = job_slots(r, job_id), job_slots(r, other)
+    finally:
+        other_nodes.close()
+    assert slots == {key_slot(job_id.encode())}, "a job's keys must all hash to its id's slot"
+    assert other_slots == {key_slot(other.encode())}
+    assert slots != other_slots
 
 
 def test_bad_settings_are_refused() -> None:

@@ -20,6 +20,7 @@ from elastic_agent.coordination.store import (
     barrier,
     synchronize,
 )
+from elastic_agent.supervision.standalone import RedisServer
 from tests.waiting import wait_until
 
 
@@ -29,21 +30,19 @@ def blocked_xreads(r: redis.Redis) -> int:
 
 
 class Worker(threading.Thread):
-    """Runs ``fn`` in a thread and keeps its result or exception and when it returned."""
+    """Runs ``fn`` in a thread and keeps its result or exception."""
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         super().__init__(daemon=True)
         self.fn = fn
         self.result: Any = None
         self.error: BaseException | None = None
-        self.returned_at = 0.0
 
     def run(self) -> None:
         try:
             self.result = self.fn()
         except BaseException as exc:
             self.error = exc
-        self.returned_at = time.monotonic()
 
     def outcome(self, timeout: float = 10.0) -> Any:
         self.join(timeout)
@@ -179,16 +178,15 @@ def test_keys_live_under_the_job_prefix(store: RedisStore, r: redis.Redis, job_i
 def test_get_blocks_until_another_thread_sets(
     store: RedisStore, redis_url: str, job_id: str, r: redis.Redis
 ) -> None:
-    waiter = Worker(lambda: store.get("late"))
+    # Its own deadline is a minute away and one XREAD blocks for 30 s: returning within
+    # outcome()'s 10 s means the write woke it.
+    waiter = Worker(lambda: store.get("late", timeout=60))
     waiter.start()
     wait_until(lambda: blocked_xreads(r) >= 1, what="the get blocking in XREAD")
     assert waiter.is_alive()
     with RedisStore(redis_url, job_id, "test") as other:
-        set_at = time.monotonic()
         other.set("late", b"here")
-    assert waiter.outcome() == b"here"
-    # Woken by Redis: it returns right after the write, with no polling tick to wait out.
-    assert waiter.returned_at - set_at < 0.5
+    assert waiter.outcome(10) == b"here"
 
 
 def test_unrelated_writes_do_not_end_a_wait(store: RedisStore, r: redis.Redis) -> None:
@@ -382,9 +380,17 @@ def test_barrier_timeout_without_ranks_counts_arrivals(store: RedisStore) -> Non
         barrier(store, 3, "anon", timeout=0.2)
 
 
-def test_barrier_of_one_returns_at_once(store: RedisStore) -> None:
-    barrier(store, 1, "solo", timeout=1, rank=0)
-    barrier(store, 1, "solo", timeout=1, rank=0)
+def test_barrier_of_one_returns_at_once(private_redis: RedisServer, job_id: str) -> None:
+    # "At once": the only caller completes its generation itself, so it never blocks on the
+    # server (a server of the test's own, so that no other client's XREAD is counted).
+    r = make_client(private_redis.url)
+    with RedisStore(private_redis.url, job_id, "test", timeout=5) as store:
+        for _ in range(2):
+            barrier(store, 1, "solo", rank=0)
+        assert store.check(["solo/1/done"]) and not store.check(["solo/0/done"])
+    xreads = r.info("commandstats").get("cmdstat_xread", {}).get("calls", 0)
+    r.close()
+    assert xreads == 0, f"a barrier of one waited in XREAD {xreads} times"
 
 
 def test_synchronize_gathers_in_rank_order_twice(store: RedisStore) -> None:

