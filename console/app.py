@@ -70,6 +70,7 @@ from textual.worker import Worker, WorkerState
 
 from elastic_agent.coordination.connection import Endpoint, RedisUnavailableError
 from elastic_agent.coordination.protocol import CommandType, Event, LogBatch
+from elastic_agent.coordination.text import sanitize
 
 from .client import Ack, ConnectionChange, JobClient
 from .gc_policy import GcPolicy
@@ -86,7 +87,6 @@ from .messages import (
     WriteAccess,
 )
 from .state import DEFAULT_ALL_SCROLLBACK, DEFAULT_SCROLLBACK, FINAL_STATES, RUNNING, JobView
-from .text import sanitize
 from .widgets.dialogs import CommandDialog, DetailScreen
 from .widgets.footer import KeyFooter
 from .widgets.header import Banner, JobHeader
@@ -339,8 +339,14 @@ class ConsoleApp(App[int]):
                 await asyncio.sleep(delay)  # retry backoff while Redis cannot be reached
                 delay = min(delay * 2, RETRY_MAX_S)
                 continue
+            except Exception as exc:  # a bug must not leave the screen on "connecting…"
+                logger.exception("reading the job's history failed")
+                self.post_message(ReaderFailed(f"internal error: {type(exc).__name__}: {exc}"))
+                await asyncio.sleep(REFUSED_RETRY_S)
+                continue
             self.connect_error = ""
             view.apply_meta(meta)
+            view.note_skipped(client.skipped)
             view.set_connection(True, self.endpoint_display)
             for records in (events, batches):
                 for i in range(0, len(records), FOLD_SLICE):

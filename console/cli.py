@@ -9,7 +9,9 @@
     elastic-console attach JOB [--read-only] [--scrollback N]
 
 ``--redis URL`` (before or after the subcommand) names the server; default
-``$ELASTIC_REDIS_URL``, else ``redis://127.0.0.1:6379``.
+``$ELASTIC_REDIS_URL``, else ``redis://127.0.0.1:6379``. Its password is best given in
+``$REDISCLI_AUTH`` (or ``--redis-password-file``): a password in argv shows in ``ps`` until
+``main`` has re-executed the process without it.
 
 Exit status: 0 success; 1 a runtime failure (Redis unreachable, unknown job, an agent that
 did not accept a command, a cancelled confirmation); 2 bad usage (bad arguments, job id or
@@ -17,7 +19,7 @@ regex; a confirmation that cannot be asked). A failure is one line on stderr sta
 ``elastic-console: error: ``, never a traceback. Ctrl-C ends ``--follow`` with status 0.
 
 Everything printed that came from the job (log lines, host names, messages) goes through
-:func:`elastic_console.text.sanitize`; SGR colours are kept only on a terminal.
+:func:`elastic_agent.coordination.text.sanitize`; SGR colours are kept only on a terminal.
 The Textual app is imported only by ``attach``, so the other subcommands start fast and work
 without a terminal.
 """
@@ -37,10 +39,15 @@ from typing import IO, Any, NoReturn
 
 from elastic_agent.coordination.connection import (
     DEFAULT_URL,
+    PASSWORD_ENV,
+    PASSWORD_FILE_ENV,
     Endpoint,
     EndpointError,
     RedisUnavailableError,
+    argv_without_passwords,
     parse_endpoint,
+    redact,
+    with_outside_password,
 )
 from elastic_agent.coordination.protocol import (
     STDERR,
@@ -50,6 +57,7 @@ from elastic_agent.coordination.protocol import (
     LogBatch,
     validate_job_id,
 )
+from elastic_agent.coordination.text import sanitize, strip_sgr, terminal_line
 
 from .client import Ack, JobClient
 from .formatting import fmt_age, fmt_bytes
@@ -61,7 +69,6 @@ from .state import (
     JobView,
     RankState,
 )
-from .text import sanitize, strip_sgr
 
 PROG = "elastic-console"
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
@@ -111,12 +118,18 @@ def _positive_float(value: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     """The command line. ``--redis`` is accepted before and after the subcommand."""
     redis_help = (f"Redis server: host, host:port or redis://[user:password@]host:port/db "
-                  f"(default ${ENV_URL}, else {DEFAULT_URL})")
+                  f"(default ${ENV_URL}, else {DEFAULT_URL}); a password is best given in "
+                  f"${PASSWORD_ENV}")
+    password_help = (f"file holding the Redis password, used when the URL has none (default "
+                     f"${PASSWORD_FILE_ENV}, else ${PASSWORD_ENV}: both keep it out of ps)")
     common = _Parser(add_help=False)
     # SUPPRESS: a subcommand without --redis must not overwrite the global one with None.
     common.add_argument("--redis", metavar="URL", default=argparse.SUPPRESS, help=redis_help)
+    common.add_argument("--redis-password-file", metavar="PATH", default=argparse.SUPPRESS,
+                        help=password_help)
     p = _Parser(prog=PROG, description="Watch and steer elastic PyTorch jobs through Redis.")
     p.add_argument("--redis", metavar="URL", default=None, help=redis_help)
+    p.add_argument("--redis-password-file", metavar="PATH", default=None, help=password_help)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     ls = sub.add_parser("ls", parents=[common], help="list the jobs on the server")
@@ -162,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; return its exit status (see the module docstring)."""
+    if argv is None:  # first, before anything else runs: may re-exec without the password
+        argv = argv_without_passwords(("--redis",))
     args: argparse.Namespace | None = None
     try:
         args = build_parser().parse_args(argv)
@@ -180,14 +195,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(message: str, code: int) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    # Messages quote job state and server replies: escaped like standard output.
+    # redact: the last guard, should a message ever quote a URL or a password in any form.
+    print(terminal_line(f"{PROG}: error: {redact(message)}", False), file=sys.stderr, flush=True)
     return code
 
 
 def _endpoint(args: argparse.Namespace) -> Endpoint:
     value = getattr(args, "redis", None) or os.environ.get(ENV_URL) or DEFAULT_URL
     try:
-        return parse_endpoint(value)
+        return with_outside_password(parse_endpoint(value),
+                                     getattr(args, "redis_password_file", None))
     except EndpointError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
 
@@ -232,15 +250,23 @@ async def _open(ep: Endpoint, job: str | None) -> JobClient:
     return client
 
 
+def _write(lines: Iterable[str]) -> None:
+    """Every line of standard output goes through here: its text came from Redis, so it gets
+    the one terminal policy (escaped; colours kept and reset on a terminal, gone in a pipe)."""
+    colour = sys.stdout.isatty()
+    sys.stdout.write("".join(terminal_line(line, colour) + "\n" for line in lines))
+
+
 def _out(text: str = "") -> None:
-    sys.stdout.write(text + "\n")
+    _write([text])
 
 
 def _table(headers: list[str], rows: Iterable[list[str]], out: IO[str] | None = None) -> None:
-    rows = list(rows)
-    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    # Cells are made plain first: column widths are counted on what the reader sees.
+    cells = [[terminal_line(c, False) for c in r] for r in [headers, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     stream = out or sys.stdout
-    for r in [headers, *rows]:
+    for r in cells:
         stream.write("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
 
 
@@ -257,8 +283,8 @@ def _say_connection(change: ConnectionChange, ep: Endpoint) -> None:
     if change.connected:
         print(f"{PROG}: reconnected to {ep.display}", file=sys.stderr, flush=True)
     else:
-        print(f"{PROG}: connection lost: {change.error}; reconnecting", file=sys.stderr,
-              flush=True)
+        print(terminal_line(f"{PROG}: connection lost: {change.error}; reconnecting", False),
+              file=sys.stderr, flush=True)
 
 
 async def _follow(client: JobClient, ep: Endpoint, *, logs: bool,
@@ -271,7 +297,7 @@ async def _follow(client: JobClient, ep: Endpoint, *, logs: bool,
             continue
         lines = render(rec)
         if lines:
-            sys.stdout.write("\n".join(lines) + "\n")
+            _write(lines)
             sys.stdout.flush()
 
 
@@ -304,6 +330,7 @@ async def _load_view(client: JobClient, *, resources: bool) -> JobView:
     view.apply_events(events)
     if resources:
         view.apply_resources(await client.resources())
+    view.note_skipped(client.skipped)
     return view
 
 
@@ -347,10 +374,12 @@ async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
     _out(f"restarts  {view.restarts_used}/{_q(view.max_restarts)} used")
     if view.root_cause:
         c = view.root_cause
-        _out(f"root cause: rank {_q(c.get('rank'))} on {sanitize(str(c.get('host', '?')))}: "
-             f"{sanitize(str(c.get('message') or c.get('exit_code')))}")
-        for line in str(c.get("traceback") or "").splitlines():
-            _out("    " + sanitize(line))
+        _out(f"root cause: rank {_q(c.get('rank'))} on {c.get('host', '?')}: "
+             f"{c.get('message') or c.get('exit_code')}")
+        _write("    " + line for line in str(c.get("traceback") or "").split("\n") if line)
+    if view.skipped:
+        _out(f"skipped   {view.skipped} record{'' if view.skipped == 1 else 's'} that could not "
+             "be read (malformed, foreign or of an unknown version)")
     _out()
     if not ranks:
         _out("no workers have started yet")
@@ -367,10 +396,9 @@ async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
 class _LogPrinter:
     """Filters, dedupes and prints log batches as ``[rank R] text`` lines."""
 
-    def __init__(self, args: argparse.Namespace, tty: bool) -> None:
+    def __init__(self, args: argparse.Namespace) -> None:
         self.rank: int | None = args.rank
         self.stderr_only: bool = args.stderr
-        self.tty = tty
         self.dedupe = BatchDeduper()
         try:
             self.grep = re.compile(args.grep) if args.grep is not None else None
@@ -381,23 +409,17 @@ class _LogPrinter:
         if (self.rank is not None and batch.rank != self.rank) or (
                 self.stderr_only and batch.stream != STDERR) or self.dedupe.seen(batch):
             return []
-        out = []
         prefix = f"[rank {batch.rank}] "
-        for raw in batch.lines:
-            text = sanitize(raw)
-            plain = strip_sgr(text)
-            if self.grep is not None and not self.grep.search(plain):
-                continue
-            if self.tty and "\x1b" in text:
-                out.append(prefix + text + "\x1b[0m")  # a colour must not bleed into the next line
-            else:
-                out.append(prefix + plain)
-        return out
+        if self.grep is None:
+            return [prefix + raw for raw in batch.lines]
+        # The pattern is matched against what the reader sees: escaped, without colours.
+        return [prefix + raw for raw in batch.lines
+                if self.grep.search(strip_sgr(sanitize(raw)))]
 
 
 async def _logs(ep: Endpoint, args: argparse.Namespace) -> int:
     job = _job(args)
-    printer = _LogPrinter(args, sys.stdout.isatty())
+    printer = _LogPrinter(args)
     client = await _open(ep, job)
     try:
         _, batches = await client.history(max_events=0,
@@ -405,8 +427,7 @@ async def _logs(ep: Endpoint, args: argparse.Namespace) -> int:
         tail: deque[str] = deque(maxlen=args.tail)
         for b in batches:
             tail.extend(printer.lines(b))
-        if tail:
-            sys.stdout.write("\n".join(tail) + "\n")
+        _write(tail)
         sys.stdout.flush()
         if args.follow:
             await _follow(client, ep, logs=True, render=lambda rec: printer.lines(rec)
@@ -444,8 +465,7 @@ async def _events(ep: Endpoint, args: argparse.Namespace) -> int:
     client = await _open(ep, job)
     try:
         events, _ = await client.history(max_events=10_000, max_log_entries_per_stream=0)
-        if events:
-            sys.stdout.write("\n".join(fmt(e) for e in events) + "\n")
+        _write(fmt(e) for e in events)
         sys.stdout.flush()
         if args.follow:
             await _follow(client, ep, logs=False, render=lambda rec: [fmt(rec)]

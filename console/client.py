@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import getpass
 import heapq
-import json
 import logging
 import socket
 import time
@@ -58,15 +57,17 @@ from elastic_agent.coordination.protocol import (
     InvalidJobIdError,
     JobKeys,
     LogBatch,
+    ProtocolError,
     RoundInfo,
     decode_event,
+    decode_json,
     decode_log_batch,
     encode_command,
     validate_job_id,
 )
+from elastic_agent.coordination.text import sanitize
 
-from .state import ConnectionChange, JobView
-from .text import sanitize
+from .state import ConnectionChange, JobView, Skipped
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,8 @@ BACKOFF_START, BACKOFF_MAX = 0.05, 1.0
 _CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, socket.timeout, OSError)
 # Events after which a new node's log stream may exist (its SADD precedes workers_started
 # on the same ordered publisher); the timed refresh catches the rest.
+_MAX_SAMPLE_BYTES = 64 * 1024
+
 _NEW_STREAM_EVENTS = frozenset({EventType.NODE_JOINED, EventType.RENDEZVOUS_COMPLETE,
                                 EventType.WORKERS_STARTED})
 
@@ -142,6 +145,12 @@ class JobClient:
         self._reader: aioredis.Redis = make_async_client(self.endpoint, blocking_ms=BLOCK_MS,
                                                          retries=1)
         self._last_ids: dict[str, str] = {}  # stream key -> last entry id seen (follow cursor)
+        #: Records skipped because they could not be read (see :class:`Skipped`).
+        self.skipped = 0
+        # Keys that are not streams (WRONGTYPE) or names in the logs set that are not this
+        # job's log streams: left out of every read (re-checked on each refresh of the set).
+        self._bad_keys: set[str] = set()
+        self._reported_skips = 0
         self._sent: dict[str, str] = {}  # command id -> its entry id on the command stream
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -212,13 +221,16 @@ class JobClient:
                 pipe.xrevrange(k.events, count=LIST_EVENTS_PER_JOB)
                 pipe.get(k.restarts)
                 pipe.get(k.rdzv_round_info)
-            replies = await pipe.execute() if jobs else []
+            # A job whose keys hold the wrong types must not hide every other job.
+            replies = await pipe.execute(raise_on_error=False) if jobs else []
+        _raise_outage(replies)
         out = []
         for i, (job, _, score) in enumerate(jobs):
-            meta, events, restarts, round_raw = replies[4 * i: 4 * i + 4]
+            meta, events, restarts, round_raw = (
+                None if isinstance(r, Exception) else r for r in replies[4 * i: 4 * i + 4])
             view = JobView(job, scrollback=1)
             view.apply_meta(meta or {})
-            for entry_id, fields in reversed(events or []):
+            for entry_id, fields in reversed(events if isinstance(events, list) else []):
                 ev = decode_event(entry_id, fields)
                 if ev is not None:
                     view.apply_event(ev)
@@ -263,11 +275,13 @@ class JobClient:
         out: dict[int, dict[str, Any]] = {}
         for rank, blob in (raw or {}).items():
             try:
-                sample = json.loads(blob)
-                if isinstance(sample, dict):
+                sample = decode_json(blob, "resource sample", _MAX_SAMPLE_BYTES)
+                if isinstance(sample, dict) and len(rank) <= 8:
                     out[int(rank)] = sample
-            except (ValueError, TypeError):
-                continue
+                    continue
+            except (ProtocolError, ValueError, TypeError):
+                pass
+            self.skipped += 1
         return out
 
     # -- reading the streams -----------------------------------------------------------------
@@ -290,14 +304,18 @@ class JobClient:
         pipe = self._client.pipeline(transaction=False)
         pipe.xrevrange(k.events, count=max(1, max_events))
         pipe.smembers(k.log_streams)
-        raw_events, raw_streams = await pipe.execute()
-        streams = sorted(_s(s) for s in raw_streams or ())
+        raw_events, raw_streams = await pipe.execute(raise_on_error=False)
+        _raise_outage([raw_events, raw_streams])
+        if isinstance(raw_events, Exception):
+            raw_events = self._refused(k.events, raw_events)
+        streams = self._log_stream_names(raw_streams)
         per_stream: list[Any] = []
         if streams:
             pipe = self._client.pipeline(transaction=False)
             for s in streams:
                 pipe.xrevrange(s, count=max(1, max_log_entries_per_stream))
-            per_stream = await pipe.execute()
+            per_stream = await pipe.execute(raise_on_error=False)
+            _raise_outage(per_stream)
         self._last_ids[k.events] = _s(raw_events[0][0]) if raw_events else "0-0"
         events = []
         if max_events > 0:
@@ -305,23 +323,102 @@ class JobClient:
                 ev = decode_event(entry_id, fields)
                 if ev is not None:
                     events.append(ev)
+                else:
+                    self.skipped += 1
         lists: list[list[LogBatch]] = []
         for s, entries in zip(streams, per_stream):
+            if isinstance(entries, Exception):
+                self._refused(s, entries)
+                continue
             self._last_ids[s] = _s(entries[0][0]) if entries else "0-0"
             if max_log_entries_per_stream > 0:
-                batches = [b for b in (decode_log_batch(i, f) for i, f in reversed(entries)) if b]
-                lists.append(batches)
+                lists.append(self._decode_logs(reversed(entries)))
         logs = list(heapq.merge(*lists, key=lambda b: _id_key(b.id))) if lists else []
         return events, logs
+
+    def _decode_logs(self, entries: Any) -> list[LogBatch]:
+        out = []
+        for entry_id, fields in entries:
+            batch = decode_log_batch(entry_id, fields)
+            if batch is not None:
+                out.append(batch)
+            else:
+                self.skipped += 1
+        return out
+
+    def _log_stream_names(self, raw: Any) -> list[str]:
+        """The names in the job's logs set that can be this job's log streams: anything else
+        (a foreign key, a non-stream) is counted once and left out."""
+        if isinstance(raw, Exception):
+            self._refused(self.keys.log_streams, raw)
+            return []
+        prefix = self.keys.logs("")
+        names = []
+        for member in raw or ():
+            name = _s(member)
+            if name in self._bad_keys:
+                continue
+            if not name.startswith(prefix) or len(name) > len(prefix) + 256:
+                self._bad_keys.add(name)
+                self.skipped += 1
+                continue
+            names.append(name)
+        return sorted(names)
+
+    def _refused(self, key: str, exc: Exception) -> list[Any]:
+        """A key Redis refused to read as a stream (WRONGTYPE): skipped and counted once.
+        Anything else (NOPERM...) is an error the user must see."""
+        if not _is_wrongtype(exc):
+            raise exc
+        if key not in self._bad_keys:
+            self._bad_keys.add(key)
+            self.skipped += 1
+            log.warning("%s is not a stream; it is left out (records from it are skipped)", key)
+        self._last_ids.pop(key, None)
+        return []
 
     async def _start_at_present(self) -> None:
         """Cursor at the newest entry of every stream (explicit ids, never ``$``)."""
         await self._read_history(max_events=1, max_log_entries_per_stream=0)
 
     async def _refresh_streams(self) -> None:
-        for s in await self._client.smembers(self.keys.log_streams) or ():
+        if self._bad_keys:
+            await self._recheck_bad_keys()
+        try:
+            raw = await self._client.smembers(self.keys.log_streams)
+        except redis.ResponseError as exc:
+            raw = exc
+        for s in self._log_stream_names(raw):
             # A stream found now may already hold entries written before we saw it.
-            self._last_ids.setdefault(_s(s), "0-0")
+            self._last_ids.setdefault(s, "0-0")
+
+    async def _recheck_bad_keys(self) -> None:
+        # A repaired key (deleted, or a stream again) is read again; a foreign name stays out.
+        prefix = self.keys.prefix
+        candidates = [k for k in self._bad_keys if k.startswith(prefix)]
+        if not candidates:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for key in candidates:
+            pipe.type(key)
+        for key, kind in zip(candidates, await pipe.execute()):
+            if _s(kind) in ("stream", "none") and (
+                    key == self.keys.events or key.startswith(self.keys.logs(""))):
+                self._bad_keys.discard(key)
+
+    async def _drop_wrong_types(self, keys: list[str]) -> None:
+        """After a WRONGTYPE from one XREAD over many keys: find the keys that are not streams
+        and leave them out, so the others are read again at once."""
+        pipe = self._client.pipeline(transaction=False)
+        for key in keys:
+            pipe.type(key)
+        found = False
+        for key, kind in zip(keys, await pipe.execute()):
+            if _s(kind) not in ("stream", "none"):
+                found = True
+                self._refused(key, redis.ResponseError("WRONGTYPE not a stream"))
+        if not found:  # the key changed type between the two calls: try again shortly
+            await asyncio.sleep(READ_INTERVAL_S)
 
     async def follow(self, logs: bool = True) -> AsyncIterator[Record]:
         """Yield the job's events and log batches as they are written, forever.
@@ -358,21 +455,31 @@ class JobClient:
                 if not connected:
                     connected, backoff, next_refresh = True, BACKOFF_START, 0.0
                     yield ConnectionChange(True, "")
+                ids: dict[str, str] = {}
                 try:
-                    if k.events not in self._last_ids:
+                    if k.events not in self._last_ids and k.events not in self._bad_keys:
                         await self._start_at_present()
                     if logs and time.monotonic() >= next_refresh:
                         await self._refresh_streams()
                         next_refresh = time.monotonic() + STREAMS_REFRESH_S
-                    ids = self._last_ids if logs else {k.events: self._last_ids[k.events]}
+                    ids = {key: last for key, last in self._last_ids.items()
+                           if key not in self._bad_keys and (logs or key == k.events)}
                     wait = last_read + READ_INTERVAL_S - time.monotonic()
                     if wait > 0:
                         await asyncio.sleep(wait)  # let entries gather (READ_INTERVAL_S)
                     last_read = time.monotonic()
-                    reply = await self._reader.xread(dict(ids), count=READ_COUNT, block=BLOCK_MS)
+                    if ids:
+                        reply = await self._reader.xread(ids, count=READ_COUNT, block=BLOCK_MS)
+                    else:  # every key refused: wait for a refresh to find a readable one
+                        await asyncio.sleep(STREAMS_REFRESH_S)
+                        next_refresh = 0.0
                 except _CONNECTION_ERRORS as exc:
                     failure = exc
-                except redis.RedisError as exc:  # NOPERM, WRONGTYPE...: waiting will not help
+                except redis.ResponseError as exc:
+                    if not _is_wrongtype(exc):  # NOPERM...: waiting will not help
+                        raise self._explain(exc) from None
+                    await self._drop_wrong_types(list(ids))
+                except redis.RedisError as exc:
                     raise self._explain(exc) from None
             if failure is not None:
                 if connected:
@@ -381,6 +488,7 @@ class JobClient:
                 await asyncio.sleep(backoff)  # reconnection backoff
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
+            skipped_before = self.skipped
             for key, entries in reply or ():
                 stream = _s(key)
                 is_events = stream == k.events
@@ -391,6 +499,7 @@ class JobClient:
                     if is_events:
                         ev = decode_event(eid, fields)
                         if ev is None:
+                            self.skipped += 1
                             continue
                         if ev.type in _NEW_STREAM_EVENTS:
                             next_refresh = 0.0
@@ -399,6 +508,11 @@ class JobClient:
                         batch = decode_log_batch(eid, fields)
                         if batch is not None:
                             yield batch
+                        else:
+                            self.skipped += 1
+            if self.skipped != skipped_before or self._reported_skips != self.skipped:
+                self._reported_skips = self.skipped
+                yield Skipped(self.skipped)
 
     # -- commands ----------------------------------------------------------------------------
     async def send_command(self, type: str, args: dict[str, Any] | None = None,
@@ -542,6 +656,19 @@ def _id_key(entry_id: str) -> tuple[int, int]:
         return int(ms), int(seq or 0)
     except ValueError:
         return 0, 0
+
+
+def _is_wrongtype(exc: BaseException) -> bool:
+    return isinstance(exc, redis.ResponseError) and str(exc).startswith("WRONGTYPE")
+
+
+def _raise_outage(replies: list[Any]) -> None:
+    """A pipeline run with ``raise_on_error=False`` hands back errors in place: an outage or a
+    refusal other than WRONGTYPE is raised as it would have been; a WRONGTYPE is the caller's
+    to skip."""
+    for r in replies:
+        if isinstance(r, Exception) and not _is_wrongtype(r):
+            raise r
 
 
 def _round_info(raw: Any) -> RoundInfo | None:

@@ -65,7 +65,7 @@ stays tracked for life, and 200k tracked lines made every full collection ~40 ms
 (``bench/log_view_bench.py``, "tuned").
 
 Text that came from the job (log lines, host names, messages) is passed through
-:func:`elastic_console.text.sanitize` on the way in, so everything this view holds is
+:func:`elastic_agent.coordination.text.sanitize` on the way in, so everything this view holds is
 safe to show; render it with ``Text.from_ansi``, never as markup.
 """
 
@@ -80,9 +80,9 @@ from itertools import repeat
 from typing import Any, NamedTuple
 
 from elastic_agent.coordination.protocol import Event, EventType, LogBatch
+from elastic_agent.coordination.text import sanitize
 
 from .logbuffer import LogBuffer, LogLine
-from .text import sanitize
 
 __all__ = ["BatchDeduper", "ConnectionChange", "JobView", "LogBuffer", "LogLine", "NodeInfo",
            "RankState", "TimelineEntry"]
@@ -154,6 +154,14 @@ class ConnectionChange:
 
     connected: bool
     error: str = ""
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A record from the client: how many records it has skipped so far because they could
+    not be read (malformed, unknown version, a key that is not a stream, a foreign name)."""
+
+    total: int
 
 
 class BatchDeduper:
@@ -239,7 +247,8 @@ class JobView:
         self.lines_dropped: int = 0
         # -- bookkeeping
         self.version: int = 0
-        self.ignored: int = 0  # malformed or foreign records skipped
+        self.ignored: int = 0  # malformed or foreign records skipped by this fold
+        self.client_skipped: int = 0  # records the client could not decode
         self._round_nodes: list[str] = []  # node ids of the last completed round
         self._acks: dict[str, dict[str, tuple[str, str, str]]] = {}
         self._dedupe = BatchDeduper()
@@ -328,8 +337,22 @@ class JobView:
             self.apply_logs(record)
         elif isinstance(record, ConnectionChange):
             self.set_connection(record.connected, self.endpoint, record.error)
+        elif isinstance(record, Skipped):
+            self.note_skipped(record.total)
         else:
             self.ignored += 1
+
+    def note_skipped(self, total: int) -> None:
+        """The client's count of records it could not read (see :class:`Skipped`)."""
+        if total != self.client_skipped:
+            self.client_skipped = total
+            self.version += 1
+
+    @property
+    def skipped(self) -> int:
+        """Records left out of this view because they could not be read, wherever they were
+        found: shown to the user, so a hostile or broken writer never goes unnoticed."""
+        return self.ignored + self.client_skipped
 
     def apply_meta(self, meta: Mapping[Any, Any]) -> None:
         """Fold the job's meta hash (bytes or str keys and values)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import random
 import re
-import time
 
 from rich.text import Text
 
@@ -18,6 +17,7 @@ from elastic_agent.coordination.protocol import (
     encode_event,
     encode_log_batch,
 )
+from elastic_agent.coordination.text import sanitize, strip_sgr
 from elastic_console.state import (
     RESOURCE_HISTORY,
     ConnectionChange,
@@ -25,7 +25,6 @@ from elastic_console.state import (
     LogBuffer,
     LogLine,
 )
-from elastic_console.text import sanitize, strip_sgr
 
 # -- text ----------------------------------------------------------------------------------
 
@@ -100,13 +99,13 @@ def test_rich_from_ansi_keeps_colours_and_shows_the_rest_as_text():
     assert [(s.start, s.end, s.style.color.number) for s in text.spans] == [(0, 3, 1)]  # red
 
 
-def test_sanitize_is_fast_enough_for_50k_lines_per_second():
-    lines = [f"tick {i} rank 3 loss=0.{i}" for i in range(90_000)]
-    lines += [f"{ESC}[32mINFO{ESC}[0m step {i}\r" for i in range(10_000)]
-    t0 = time.perf_counter()
-    for line in lines:
-        sanitize(line)
-    assert time.perf_counter() - t0 < 1.0  # 100k lines: 2x the target rate, with margin
+def test_sanitize_keeps_plain_lines_and_colours_of_a_busy_log():
+    # How fast is a speed goal (bench/); here, what a typical line becomes.
+    for i in range(1000):
+        plain = f"tick {i} rank 3 loss=0.{i}"
+        assert sanitize(plain) == plain
+        coloured = sanitize(f"{ESC}[32mINFO{ESC}[0m step {i}\r")
+        assert Text.from_ansi(coloured).plain == f"INFO step {i}\\r"
 
 
 # -- the fold ------------------------------------------------------------------------------
@@ -429,16 +428,15 @@ def test_membership_restart_detail_is_in_the_timeline():
                                    "membership changed (lost: b-2-y)")
 
 
-def test_apply_logs_keeps_up_with_1024_ranks():
+def test_apply_logs_folds_1024_ranks():
+    # How fast is a speed goal (bench/); here, that every line lands where it belongs.
     v = JobView("j", scrollback=1000)
     lines = [f"step {k} loss 0.{k}" for k in range(25)]
     batches = [batch(r, lines, seq=s) for s in range(1, 5) for r in range(1024)]
-    t0 = time.perf_counter()
     for b in batches:
         v.apply_logs(b)
-    elapsed = time.perf_counter() - t0
     assert v.lines_total == 1024 * 4 * 25
-    assert elapsed < 1.0, f"{v.lines_total} lines took {elapsed:.2f} s"  # ~100k lines
+    assert all(len(v.logs_for(r)) == 4 * 25 for r in (0, 511, 1023))
 
 
 def test_logs_live_in_ring_buffers_of_plain_tuples():

@@ -14,11 +14,12 @@ from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.strip import Strip
 
+from elastic_agent.coordination.text import sanitize, strip_sgr
 from elastic_console.logbuffer import LogBuffer, LogLine
-from elastic_console.text import sanitize, strip_sgr
 from elastic_console.widgets import LogView
 from elastic_console.widgets import log_view as log_view_module
 from elastic_console.widgets.log_view import text_cells
+from tests.waiting import wait_until_async
 
 T0 = 1_700_000_000_000  # 2023-11-14 22:13:20.000 UTC
 SIZE = (80, 12)  # the view gets 78 text columns (vertical scrollbar) and 11 rows (horizontal)
@@ -62,11 +63,7 @@ def screen_text(view: LogView) -> list[str]:
 
 async def scanned(view: LogView) -> None:
     """Until a sliced rescan is over (it runs between other events)."""
-    for _ in range(1000):
-        if not view.scanning:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the rescan does not finish")
+    await wait_until_async(lambda: not view.scanning, 10, "the rescan to finish")
 
 
 def top_seq(view: LogView) -> int | None:
@@ -485,8 +482,9 @@ def test_later_slices_of_a_rescan_wait_for_yield_to() -> None:
         view.yield_to = hold
         view.stderr_only = True
         assert view.scanning
+        await wait_until_async(lambda: waits == 1, 10, "the rescan to reach yield_to")
         first = len(view.visible_seqs())
-        await asyncio.sleep(0.2)  # dozens of slices' worth of time
+        await asyncio.sleep(0.2)  # dozens of slices' worth of time, held
         assert view.scanning and len(view.visible_seqs()) == first and waits == 1
         gate.set()
         await scanned(view)

@@ -12,6 +12,14 @@ Records
     Stream entries are flat maps of strings. Every entry carries ``v`` (the protocol
     version). A reader ignores record types it does not know and survives malformed entries:
     ``decode_*`` return ``None`` for them instead of raising.
+
+Hostile input
+    Anyone who can write a job's keys can write anything into them, so every decoder here is
+    total: it takes any mapping of any bytes and returns a record or ``None`` (a command: the
+    reason it was refused), never raising. JSON goes through :func:`decode_json` alone, which
+    bounds its size and nesting (``json.loads`` of deep nesting raises RecursionError, which is
+    not a ValueError), and every field is checked for its type (``type(x) is int``: a bool is
+    not a rank) and range before a record is built.
 """
 
 from __future__ import annotations
@@ -23,11 +31,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PROTOCOL_VERSION = 1
+#: Record versions a reader of this module understands; a record of any other is skipped.
+SUPPORTED_VERSIONS = frozenset({PROTOCOL_VERSION})
+
+#: Bounds on what a reader decodes: far above anything an agent writes, far below what
+#: would stall a reader. An agent's log entry is at most ~272 KiB (logs.py), an event's data
+#: is cut to fit ``MAX_EVENT_DATA_BYTES`` by ``encode_event``.
+MAX_EVENT_DATA_BYTES = 1024 * 1024
+MAX_LOG_ENTRY_BYTES = 4 * 1024 * 1024
+MAX_COMMAND_ARGS_BYTES = 16 * 1024
+MAX_RDZV_RECORD_BYTES = 4 * 1024 * 1024
+MAX_JSON_DEPTH = 32
+#: Short text fields (node ids, hosts, command ids, issuers).
+MAX_NAME_CHARS = 256
+MAX_COMMAND_ID_CHARS = 128
+#: The largest rank a record may name (far above any job; keeps arithmetic on ranks sane).
+MAX_RANK = 1 << 24
 
 #: The job index: a sorted set of job ids scored by their creation time (server ms).
 JOBS_INDEX = "elastic:jobs"
 
-_JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 #: Default retention of the streams (entries, trimmed with ``MAXLEN ~``).
 EVENTS_MAXLEN = 100_000
@@ -46,12 +70,73 @@ def validate_job_id(job_id: str) -> str:
     A job id is 1-128 characters of letters, digits, ``.``, ``_`` and ``-``, starting with a
     letter or digit: no braces (they would break the hash tag), colons or spaces.
     """
-    if not isinstance(job_id, str) or not _JOB_ID_RE.match(job_id):
+    if not isinstance(job_id, str) or not _JOB_ID_RE.fullmatch(job_id):
         raise InvalidJobIdError(
             f"invalid job id {job_id!r}: use 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
     return job_id
+
+
+class ProtocolError(ValueError):
+    """A record that breaks the wire contract; the message says how (for acks and logs)."""
+
+
+def decode_json(raw: str | bytes | None, what: str, limit: int) -> Any:
+    """The one place JSON from Redis is parsed: at most ``limit`` bytes, at most
+    ``MAX_JSON_DEPTH`` levels deep; anything else raises :class:`ProtocolError` naming ``what``.
+    """
+    if raw is None:
+        raise ProtocolError(f"{what} is missing")
+    if len(raw) > limit:
+        raise ProtocolError(f"{what} is {len(raw)} bytes (at most {limit})")
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"{what} is not valid JSON ({type(exc).__name__})") from None
+    if _depth_exceeds(value, MAX_JSON_DEPTH):
+        raise ProtocolError(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep")
+    return value
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    # Iterative: a recursive walk would itself hit the recursion limit on hostile input.
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            children = v.values()
+        elif isinstance(v, list):
+            children = v
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children)
+    return False
+
+
+def decode_counter(raw: str | bytes | None, key: str) -> int:
+    """A counter key's value (missing: 0); :class:`ProtocolError` for anything else, since a
+    counter read wrong would spend a budget twice or never."""
+    text = _str(raw) if raw is not None else "0"
+    if not text.isdigit() or len(text) > 18:
+        raise ProtocolError(f"{key} holds {text[:40]!r}, not a count: repair or delete that key")
+    return int(text)
+
+
+def is_rank(value: Any) -> bool:
+    """A rank as records carry it: a real int (``True`` is not rank 1), 0 <= rank < MAX_RANK."""
+    return type(value) is int and 0 <= value < MAX_RANK
+
+
+def record_version(fields: Mapping[str, str]) -> int | None:
+    """The record's ``v`` if this reader supports it, else None."""
+    raw = fields.get("v", "")
+    if not raw.isdigit() or len(raw) > 6:
+        return None
+    v = int(raw)
+    return v if v in SUPPORTED_VERSIONS else None
 
 
 @dataclass(frozen=True)
@@ -229,28 +314,38 @@ def encode_event(event_type: str, node: str, data: Mapping[str, Any] | None = No
     ``seq`` numbers the writing node's events from 1, so a reader can drop the duplicate a
     retried XADD may leave (Redis 7 has no idempotent XADD).
     """
+    blob = json.dumps(dict(data or {}), separators=(",", ":"), default=str)
+    if len(blob.encode()) > MAX_EVENT_DATA_BYTES:
+        # Readers skip larger data whole: keep the scalars (what, who, when) and say so.
+        scalars = {k: v for k, v in (data or {}).items()
+                   if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) < 1024)}
+        blob = json.dumps({**scalars, "truncated": True}, separators=(",", ":"), default=str)
     return {
         "v": str(PROTOCOL_VERSION),
         "type": event_type,
         "node": node,
         "seq": str(seq),
-        "data": json.dumps(dict(data or {}), separators=(",", ":"), default=str),
+        "data": blob,
     }
 
 
 def decode_event(entry_id: str | bytes, fields: Mapping[Any, Any]) -> Event | None:
-    """Decode an event entry; ``None`` for a malformed one or an unknown type."""
-    f = _strs(fields)
+    """Decode an event entry; ``None`` for a malformed one, an unknown type or version."""
     try:
-        version = int(f.get("v", ""))
-        event_type = f["type"]
-        data = json.loads(f.get("data", "{}"))
-        seq = int(f.get("seq", "0"))
-    except (KeyError, ValueError):
+        f = _strs(fields)
+        version = record_version(f)
+        event_type = f.get("type", "")
+        node = f.get("node", "")
+        seq_raw = f.get("seq", "0")
+        if (version is None or event_type not in EventType.ALL or len(node) > MAX_NAME_CHARS
+                or not seq_raw.isdigit() or len(seq_raw) > 18):
+            return None
+        data = decode_json(f.get("data", "{}"), "event data", MAX_EVENT_DATA_BYTES)
+        if not isinstance(data, dict):
+            return None
+        return Event(event_type, node, data, _str(entry_id), version, int(seq_raw))
+    except (ProtocolError, TypeError, AttributeError):
         return None
-    if event_type not in EventType.ALL or not isinstance(data, dict):
-        return None
-    return Event(event_type, f.get("node", ""), data, _str(entry_id), version, seq)
 
 
 # -- log batches ------------------------------------------------------------------------
@@ -296,47 +391,60 @@ def encode_log_batch(batch: LogBatch) -> dict[str, str]:
 
 
 def decode_log_batch(entry_id: str | bytes, fields: Mapping[Any, Any]) -> LogBatch | None:
-    """Decode a log entry; ``None`` for a malformed one."""
-    if b"lines" in fields:
-        # A reply as redis-py gives it without decode_responses (the console, 50k lines/s):
-        # look fields up as bytes and decode only the two text ones (int() takes bytes).
-        get = fields.get
-        try:
+    """Decode a log entry; ``None`` for a malformed one or an unknown version."""
+    try:
+        if b"lines" in fields:
+            # A reply as redis-py gives it without decode_responses (the console, 50k
+            # lines/s): look fields up as bytes and decode only the two text ones.
+            get = fields.get
             stream = _LOG_STREAMS.get(get(b"s"))  # type: ignore[arg-type]
-            if stream is None:
+            raw_lines = fields[b"lines"]
+            node_b = fields[b"node"]
+            if (stream is None or get(b"v") not in _SUPPORTED_V_BYTES
+                    or len(raw_lines) > MAX_LOG_ENTRY_BYTES or len(node_b) > MAX_NAME_CHARS):
                 return None
-            return LogBatch(
-                node=fields[b"node"].decode("utf-8", "replace"),
-                rank=int(fields[b"rank"]),
-                local_rank=int(get(b"lrank", -1)),
-                attempt=int(get(b"attempt", 0)),
+            batch = LogBatch(
+                node=node_b.decode("utf-8", "replace"),
+                rank=_small_int(fields[b"rank"]),
+                local_rank=_small_int(get(b"lrank", b"-1")),
+                attempt=_small_int(get(b"attempt", b"0")),
                 stream=stream,
-                seq=int(get(b"seq", 0)),
-                lines=fields[b"lines"].decode("utf-8", "replace").split("\n"),
+                seq=_small_int(get(b"seq", b"0")),
+                lines=raw_lines.decode("utf-8", "replace").split("\n"),
                 id=_str(entry_id),
             )
-        except (KeyError, ValueError, TypeError, AttributeError):
-            return None
-    f = _strs(fields)
-    try:
-        stream = f["s"]
-        if stream not in (STDOUT, STDERR):
-            return None
-        return LogBatch(
-            node=f["node"],
-            rank=int(f["rank"]),
-            local_rank=int(f.get("lrank", "-1")),
-            attempt=int(f.get("attempt", "0")),
-            stream=stream,
-            seq=int(f.get("seq", "0")),
-            lines=f["lines"].split("\n"),
-            id=_str(entry_id),
-        )
-    except (KeyError, ValueError):
+        else:
+            f = _strs(fields)
+            stream = f.get("s", "")
+            if (stream not in (STDOUT, STDERR) or record_version(f) is None
+                    or len(f["lines"]) > MAX_LOG_ENTRY_BYTES or len(f["node"]) > MAX_NAME_CHARS):
+                return None
+            batch = LogBatch(
+                node=f["node"],
+                rank=_small_int(f["rank"]),
+                local_rank=_small_int(f.get("lrank", "-1")),
+                attempt=_small_int(f.get("attempt", "0")),
+                stream=stream,
+                seq=_small_int(f.get("seq", "0")),
+                lines=f["lines"].split("\n"),
+                id=_str(entry_id),
+            )
+    except (KeyError, ValueError, TypeError, AttributeError):
         return None
+    if not is_rank(batch.rank) or batch.attempt < 0 or batch.seq < 0 or batch.local_rank < -1:
+        return None
+    return batch
+
+
+def _small_int(raw: str | bytes) -> int:
+    """int() of a decimal field of at most 18 digits (int() of a huge string is quadratic)."""
+    if len(raw) > 19:
+        raise ValueError("number too long")
+    return int(raw)
 
 
 _LOG_STREAMS = {STDOUT.encode(): STDOUT, STDERR.encode(): STDERR}
+_SUPPORTED_V_BYTES = frozenset(str(v).encode() for v in SUPPORTED_VERSIONS)
 
 
 # -- commands ---------------------------------------------------------------------------
@@ -344,9 +452,12 @@ _LOG_STREAMS = {STDOUT.encode(): STDOUT, STDERR.encode(): STDERR}
 class CommandType:
     STOP = "stop"  # graceful, job-wide
     RESTART = "restart"  # the whole worker group, job-wide, not counted against max restarts
-    SIGNAL = "signal"  # args: {"rank": R, "signal": "SIGTERM"|"SIGKILL"}
+    SIGNAL = "signal"  # args: {"rank": R, "signal": one of SIGNALS}
 
     ALL = frozenset({STOP, RESTART, SIGNAL})
+    #: The signals a ``signal`` command may send (an allow-list: no SIGSTOP, no SIGUSR1 that a
+    #: worker may use for its own purposes).
+    SIGNALS = frozenset({"SIGTERM", "SIGKILL", "SIGINT"})
 
 
 @dataclass(frozen=True)
@@ -375,28 +486,40 @@ def encode_command(command: Command) -> dict[str, str]:
 def decode_command(entry_id: str | bytes, fields: Mapping[Any, Any]) -> Command | str:
     """Decode a command; for a malformed one return the reason (a string) instead.
 
-    Agents ack a malformed command as rejected, so the reason must be reportable.
+    Agents ack a malformed command as rejected, so the reason must be reportable; it quotes
+    nothing of the record but its type and field names (the ack is shown to people).
+    A rank is checked against the job's world by the agent, which knows it.
     """
-    f = _strs(fields)
-    if "id" not in f:
-        return "command has no id"
     try:
-        args = json.loads(f.get("args", "{}"))
-    except ValueError:
-        return "command args are not JSON"
-    if not isinstance(args, dict):
-        return "command args are not an object"
+        f = _strs(fields)
+    except (TypeError, AttributeError):
+        return "command is not a map of strings"
+    command_id = f.get("id", "")
+    if not command_id:
+        return "command has no id"
+    if len(command_id) > MAX_COMMAND_ID_CHARS:
+        return f"command id is longer than {MAX_COMMAND_ID_CHARS} characters"
+    if record_version(f) is None:
+        return f"unsupported protocol version (this agent speaks {sorted(SUPPORTED_VERSIONS)})"
     command_type = f.get("type", "")
     if command_type not in CommandType.ALL:
-        return f"unknown command type {command_type!r}"
-    return Command(
-        id=f["id"],
-        type=command_type,
-        issuer=f.get("issuer", "?"),
-        target=f.get("target", "job"),
-        args=args,
-        entry_id=_str(entry_id),
-    )
+        return f"unknown command type (known: {', '.join(sorted(CommandType.ALL))})"
+    issuer, target = f.get("issuer", "?"), f.get("target", "job")
+    if len(issuer) > MAX_NAME_CHARS or len(target) > MAX_NAME_CHARS:
+        return f"command issuer or target is longer than {MAX_NAME_CHARS} characters"
+    try:
+        args = decode_json(f.get("args", "{}"), "command args", MAX_COMMAND_ARGS_BYTES)
+    except ProtocolError as exc:
+        return str(exc)
+    if not isinstance(args, dict):
+        return "command args are not an object"
+    if command_type == CommandType.SIGNAL:
+        if not is_rank(args.get("rank")):
+            return "signal needs args.rank, a non-negative integer"
+        if args.get("signal", "SIGTERM") not in CommandType.SIGNALS:
+            return f"signal must be one of {', '.join(sorted(CommandType.SIGNALS))}"
+    return Command(id=command_id, type=command_type, issuer=issuer, target=target, args=args,
+                   entry_id=_str(entry_id))
 
 
 # -- rendezvous records -----------------------------------------------------------------
@@ -421,9 +544,13 @@ class NodeDescription:
 
     @staticmethod
     def decode(raw: str | bytes) -> NodeDescription:
-        d = json.loads(raw)
-        return NodeDescription(d["node"], d["host"], d["addr"], int(d["port"]), int(d["pid"]),
-                               int(d.get("nproc", 0)))
+        """Raises :class:`ProtocolError` for anything but a well-formed description."""
+        d = decode_json(raw, "node description", MAX_RDZV_RECORD_BYTES)
+        if not isinstance(d, dict):
+            raise ProtocolError("node description is not an object")
+        return NodeDescription(_name(d, "node"), _name(d, "host"), _name(d, "addr"),
+                               _int_in(d, "port", 0, 65535), _int_in(d, "pid", 0, 1 << 31),
+                               _int_in(d, "nproc", 0, MAX_RANK, default=0))
 
 
 @dataclass(frozen=True)
@@ -457,9 +584,20 @@ class RoundInfo:
 
     @staticmethod
     def decode(raw: str | bytes) -> RoundInfo:
-        d = json.loads(raw)
-        return RoundInfo(int(d["round"]), int(d["world_size"]), list(d["nodes"]),
-                         int(d["completed_ms"]))
+        """Raises :class:`ProtocolError` for anything but a well-formed round."""
+        d = decode_json(raw, "round record", MAX_RDZV_RECORD_BYTES)
+        if not isinstance(d, dict) or not isinstance(d.get("nodes"), list) or not d["nodes"]:
+            raise ProtocolError("round record has no list of nodes")
+        nodes = []
+        for n in d["nodes"]:
+            if not isinstance(n, dict):
+                raise ProtocolError("round record has a node that is not an object")
+            nodes.append({**n, "node": _name(n, "node"), "host": _name(n, "host", ""),
+                          "addr": _name(n, "addr"), "port": _int_in(n, "port", 0, 65535),
+                          "nproc": _int_in(n, "nproc", 0, MAX_RANK, default=0),
+                          "group_rank": _int_in(n, "group_rank", 0, MAX_RANK)})
+        return RoundInfo(_int_in(d, "round", 0, 1 << 53), _int_in(d, "world_size", 1, MAX_RANK),
+                         nodes, _int_in(d, "completed_ms", 0, 1 << 53, default=0))
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -470,6 +608,20 @@ def stream_id_ms(entry_id: str) -> int:
         return int(entry_id.split("-", 1)[0])
     except (ValueError, AttributeError):
         return 0
+
+
+def _name(d: Mapping[str, Any], key: str, default: str | None = None) -> str:
+    value = d.get(key, default)
+    if not isinstance(value, str) or len(value) > MAX_NAME_CHARS:
+        raise ProtocolError(f"field {key!r} is not a string of at most {MAX_NAME_CHARS} characters")
+    return value
+
+
+def _int_in(d: Mapping[str, Any], key: str, low: int, high: int, default: int | None = None) -> int:
+    value = d.get(key, default)
+    if type(value) is not int or not low <= value <= high:
+        raise ProtocolError(f"field {key!r} is not an integer in [{low}, {high}]")
+    return value
 
 
 def _str(value: Any) -> str:

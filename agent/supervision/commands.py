@@ -15,11 +15,14 @@ from collections.abc import AsyncIterator
 import redis
 import redis.asyncio as aioredis
 
-from ..coordination.protocol import Command, JobKeys, decode_command
+from ..coordination.protocol import MAX_COMMAND_ID_CHARS, Command, JobKeys, decode_command
 
 log = logging.getLogger(__name__)
 
-_BLOCK_MS = 30_000
+# Short enough that a command stream replaced under a blocked read (which Redis 7.0 does not
+# wake) is noticed within seconds; an idle XREAD every few seconds costs nothing.
+_BLOCK_MS = 5_000
+_REFUSED_RETRY_S = 1.0
 
 
 class Rejected:
@@ -41,6 +44,8 @@ class CommandReader:
         self._client = client
         self._key = JobKeys(job_id).commands
         self.last_id: str | None = None
+        #: The first word of the server's refusal while the stream cannot be read, else None.
+        self.refused: str | None = None
 
     async def start_position(self) -> str:
         """The id to read after: the stream's newest entry now ('0-0' when empty)."""
@@ -60,13 +65,29 @@ class CommandReader:
                 await asyncio.sleep(backoff)  # backoff between reconnection attempts
                 backoff = min(backoff * 2, 1.0)
                 continue
+            except redis.ResponseError as exc:
+                # The key holds something that is not a stream (WRONGTYPE), or the id was
+                # refused: say so once per kind of error and keep trying, so commands work
+                # again the moment the key is repaired or deleted.
+                reason = str(exc).split(" ", 1)[0]
+                if reason != self.refused:
+                    self.refused = reason
+                    log.warning("the command stream %s cannot be read (%s); commands are not "
+                                "received until it is a stream again", self._key, exc)
+                if reason != "WRONGTYPE":
+                    self.last_id = None  # e.g. an id the server refuses: start from the present
+                await asyncio.sleep(_REFUSED_RETRY_S)
+                continue
+            if self.refused is not None:
+                log.warning("the command stream %s can be read again", self._key)
+                self.refused = None
             for _key, entries in reply or []:
                 for entry_id, fields in entries:
                     eid = entry_id.decode()
                     self.last_id = eid
                     decoded = decode_command(eid, fields)
                     if isinstance(decoded, str):
-                        raw_id = fields.get(b"id", b"?").decode(errors="replace")
+                        raw_id = fields.get(b"id", b"?")[:MAX_COMMAND_ID_CHARS].decode(errors="replace")
                         yield Rejected(raw_id, decoded, eid)
                     else:
                         yield decoded

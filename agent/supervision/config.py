@@ -10,11 +10,19 @@ import argparse
 import os
 import signal
 import sys
+import tempfile
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..coordination.connection import Endpoint, EndpointError, parse_endpoint
+from ..coordination.connection import (
+    PASSWORD_ENV,
+    PASSWORD_FILE_ENV,
+    Endpoint,
+    EndpointError,
+    parse_endpoint,
+    with_outside_password,
+)
 from ..coordination.protocol import InvalidJobIdError, validate_job_id
 from ..coordination.rendezvous import RendezvousSettings
 from .logs import parse_local_ranks_filter, parse_std_spec
@@ -47,6 +55,8 @@ class AgentConfig:
     standalone: bool
     log_retention: int
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: No --log-dir: ``log_dir`` is a fresh private directory the user must be told about.
+    log_dir_generated: bool = False
 
 
 class _Parser(argparse.ArgumentParser):
@@ -70,7 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a = p.add_argument
     a("--redis", default=None, help="Redis endpoint: host, host:port or redis://, rediss://, "
-      "unix:// URL (default $ELASTIC_REDIS_URL, else redis://127.0.0.1:6379)")
+      "unix:// URL (default $ELASTIC_REDIS_URL, else redis://127.0.0.1:6379); a password is "
+      f"best given in ${PASSWORD_ENV}")
+    a(*_both("redis-password-file"), dest="redis_password_file", default=None, metavar="PATH",
+      help=f"file holding the Redis password, used when the URL has none (default "
+      f"${PASSWORD_FILE_ENV}, else ${PASSWORD_ENV}: both keep it out of ps, unlike the URL)")
     a(*_both("job-id"), dest="job_id", default=None,
       help="job id shared by every agent of the job (default $ELASTIC_JOB_ID; a single-node "
       "job without one gets a generated id)")
@@ -100,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     a(*_both("run-path"), dest="run_path", action="store_true",
       help="run the script with runpy.run_path semantics (a python file path)")
     a(*_both("log-dir"), dest="log_dir", default=None,
-      help="directory for per-rank log files (default: a temporary directory)")
+      help="directory for per-rank log files (default: a new private directory in $TMPDIR, "
+      "printed at start)")
     a("-r", "--redirects", default="0",
       help="send these streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or "
       "per local rank 0:1,1:2")
@@ -228,7 +243,9 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
     ns = build_parser().parse_args(argv)
     min_nodes, max_nodes = parse_nnodes(ns.nnodes)
     try:
-        endpoint = parse_endpoint(ns.redis or ns.rdzv_endpoint or env.get("ELASTIC_REDIS_URL"))
+        endpoint = with_outside_password(
+            parse_endpoint(ns.redis or ns.rdzv_endpoint or env.get("ELASTIC_REDIS_URL")),
+            ns.redis_password_file, env)
     except EndpointError as exc:
         raise UsageError(f"--redis: {exc}") from None
     job_id = ns.job_id or ns.rdzv_id or env.get("ELASTIC_JOB_ID")
@@ -251,9 +268,7 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
         settings = RendezvousSettings(min_nodes=min_nodes, max_nodes=max_nodes, **conf)
     except ValueError as exc:
         raise UsageError(f"--rdzv-conf: {exc}") from None
-    log_dir = Path(ns.log_dir) if ns.log_dir else Path(
-        os.environ.get("TMPDIR", "/tmp")) / "elastic-agent-logs"
-    return AgentConfig(
+    cfg = AgentConfig(
         endpoint=endpoint,
         job_id=job_id,
         job_id_generated=generated,
@@ -263,7 +278,8 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
         monitor_interval=float(_number(ns.monitor_interval, "--monitor-interval", float)),
         role=ns.role,
         entrypoint=build_entrypoint(ns),
-        log_dir=log_dir / job_id,
+        log_dir=Path(ns.log_dir) / job_id if ns.log_dir else Path(),
+        log_dir_generated=not ns.log_dir,
         redirects=check_std_spec(ns.redirects, "--redirects"),
         tee=check_std_spec(ns.tee, "--tee"),
         local_ranks_filter=parse_local_ranks(ns.local_ranks_filter),
@@ -276,3 +292,21 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
         standalone=ns.standalone,
         log_retention=int(_number(ns.log_retention, "--log-retention", int, 100)),
     )
+    if cfg.log_dir_generated:
+        # Made last, so a rejected command line leaves no directory behind.
+        cfg = replace(cfg, log_dir=default_log_dir() / job_id)
+    return cfg
+
+
+def default_log_dir() -> Path:
+    """A new directory for per-rank logs when ``--log-dir`` is not given, as torchrun does.
+
+    ``mkdtemp`` picks an unpredictable name and creates it 0700, atomically: a fixed shared
+    path (``/tmp/elastic-agent-logs``) could be created first by another user, who would
+    then own the tree the agent writes into. Raises UsageError if it cannot be made.
+    """
+    try:
+        return Path(tempfile.mkdtemp(prefix="elastic-agent-"))
+    except OSError as exc:
+        raise UsageError(f"cannot create a log directory in the temporary directory "
+                         f"({exc.strerror or exc}); set TMPDIR or pass --log-dir") from None

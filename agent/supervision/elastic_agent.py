@@ -48,10 +48,12 @@ from ..coordination.rendezvous import (
     RendezvousResult,
 )
 from ..coordination.store import RedisStore, StoreTimeoutError, barrier
+from ..coordination.text import terminal_line
 from .commands import CommandReader, Rejected
 from .config import AgentConfig
 from .events import EventSink, ResourceSampler
 from .logs import LogConfig, NodeLogs, make_logs_drop_marker, parse_std_spec
+from .loops import keep_running
 from .publisher import StreamPublisher
 from .workers import GroupResult, RankAssignment, WorkerExit, WorkerGroup, WorkerSpec, WorkerState
 
@@ -69,7 +71,7 @@ EXIT_STOPPED = 143  # a stop command: the conventional status of a terminated pr
 # KEYS: restarts, meta. ARGV: round. Returns {claimed (0/1), restarts used}.
 _CLAIM_RESTART = """
 if redis.call('HSETNX', KEYS[2], 'restart_claim:' .. ARGV[1], 1) == 0 then
-  return {0, tonumber(redis.call('GET', KEYS[1]) or '0')}
+  return {0, redis.call('GET', KEYS[1]) or '0'}
 end
 return {1, redis.call('INCR', KEYS[1])}
 """
@@ -91,6 +93,7 @@ class _Round:
     attempt: int
     restart_count: int
     started_ms: int
+    world_size: int
 
 
 class ElasticAgent:
@@ -100,6 +103,7 @@ class ElasticAgent:
         self.cfg = config
         self.keys = JobKeys(config.job_id)
         self.term = terminal or sys.stderr
+        self._colour = _isatty(self.term)
         self.rdzv = RedisRendezvous(config.endpoint, config.job_id, config.rendezvous,
                                     local_addr=config.local_addr, nproc=config.nproc)
         self.node_id = self.rdzv.node_id
@@ -132,7 +136,9 @@ class ElasticAgent:
 
     # -- terminal -------------------------------------------------------------------------
     def say(self, message: str) -> None:
-        print(f"[elastic-agent] {message}", file=self.term, flush=True)
+        """One line on the agent's terminal. Messages quote what others wrote into Redis (an
+        issuer, a root cause), so they go through the one text policy like any other output."""
+        print(terminal_line(f"[elastic-agent] {message}", self._colour), file=self.term, flush=True)
 
     # -- entry point ----------------------------------------------------------------------
     async def run(self) -> int:
@@ -269,8 +275,9 @@ class ElasticAgent:
         # The round number is job-wide, so attempt_N directories never collide between
         # agents sharing a host and a log directory.
         self._attempt = result.round
-        restarts = int(await self._redis("reading the restart count",
-                                         lambda: self._client.get(self.keys.restarts)) or 0)
+        restarts = protocol.decode_counter(await self._redis(
+            "reading the restart count", lambda: self._client.get(self.keys.restarts)),
+            self.keys.restarts)
         self._restarts_used = restarts
         info = result.info
         world = info.total_workers or self.cfg.nproc * result.group_world_size
@@ -280,7 +287,7 @@ class ElasticAgent:
             group_rank=result.group_rank, group_world_size=result.group_world_size,
             world_size=world, base_rank=base, master_addr=result.master_addr,
             master_port=result.master_port, restart_count=restarts, attempt=self._attempt)
-        self._round = _Round(result, self._attempt, restarts, info.completed_ms)
+        self._round = _Round(result, self._attempt, restarts, info.completed_ms, world)
         if result.group_rank == 0:
             self.events.emit(EventType.RENDEZVOUS_COMPLETE, round=result.round,
                              world_size=world, group_world_size=result.group_world_size,
@@ -423,9 +430,14 @@ class ElasticAgent:
     async def _on_failure(self, res: GroupResult) -> int | None:
         assert self._round is not None
         rnd = self._round.result.round
-        claimed, used = await self._redis("counting the restart", lambda: self._client.eval(
-            _CLAIM_RESTART, 2, self.keys.restarts, self.keys.meta, rnd))
-        used = int(used)
+        try:
+            claimed, used = await self._redis("counting the restart", lambda: self._client.eval(
+                _CLAIM_RESTART, 2, self.keys.restarts, self.keys.meta, rnd))
+        except redis.ResponseError as exc:  # INCR of a counter that is not a number
+            raise protocol.ProtocolError(
+                f"{self.keys.restarts} cannot count restarts ({exc}): repair or delete that key"
+            ) from None
+        used = protocol.decode_counter(used, self.keys.restarts)
         self._restarts_used = used
         cause = await self._root_cause(res)
         self.root_cause = cause
@@ -456,12 +468,16 @@ class ElasticAgent:
                 self.keys.events, min=f"{self._round.started_ms}-0", max="+")
         except (redis.RedisError, OSError):
             return fallback
+        # Only a member of this round can be its root cause: anyone who can write the event
+        # stream could otherwise name a failure of their own choosing.
+        members = {n["node"] for n in self._round.result.info.nodes}
         for entry_id, fields in entries:
             ev = protocol.decode_event(entry_id, fields)
-            if ev is None or ev.type != EventType.WORKER_EXITED:
+            if ev is None or ev.type != EventType.WORKER_EXITED or ev.node not in members:
                 continue
             d = ev.data
-            if d.get("exit_code") in (0, None) or d.get("stopping"):
+            if (type(d.get("exit_code")) is not int or d["exit_code"] == 0 or d.get("stopping")
+                    or not protocol.is_rank(d.get("rank"))):
                 continue
             if d.get("round") != self._round.result.round:
                 continue
@@ -527,8 +543,14 @@ class ElasticAgent:
         with contextlib.suppress(redis.RedisError, OSError):
             for entry_id, fields in await self._client.xrevrange(self.keys.events, count=500):
                 ev = protocol.decode_event(entry_id, fields)
-                if ev is not None and ev.type in (EventType.JOB_FAILED, EventType.GROUP_FAILED):
-                    return ev.data.get("root_cause")
+                if ev is None or ev.type not in (EventType.JOB_FAILED, EventType.GROUP_FAILED):
+                    continue
+                if self._round is not None and ev.node not in {
+                        n["node"] for n in self._round.result.info.nodes}:
+                    continue
+                cause = ev.data.get("root_cause")
+                if isinstance(cause, dict):
+                    return cause
         return None
 
     async def _claim(self, field: str) -> bool:
@@ -555,7 +577,12 @@ class ElasticAgent:
 
     # -- commands -------------------------------------------------------------------------
     async def _read_commands(self) -> None:
+        """Acts on the job's commands for the agent's whole life: the loop is restarted, and
+        says so, should anything escape it."""
         reader = CommandReader(self._reader, self.cfg.job_id)
+        await keep_running("command reader", lambda: self._command_loop(reader), self.say)
+
+    async def _command_loop(self, reader: CommandReader) -> None:
         async for cmd in reader:
             if isinstance(cmd, Rejected):
                 self._ack(cmd.id, "rejected", cmd.reason)
@@ -567,10 +594,11 @@ class ElasticAgent:
 
     async def _handle_command(self, cmd: Command) -> None:
         if cmd.type == CommandType.SIGNAL:
-            rank, sig = cmd.args.get("rank"), cmd.args.get("signal", "SIGTERM")
-            if not isinstance(rank, int) or sig not in ("SIGTERM", "SIGKILL"):
-                self._ack(cmd.id, "rejected",
-                          "signal needs args {rank: int, signal: SIGTERM|SIGKILL}")
+            # decode_command checked the types and the allow-list; the world is ours to know.
+            rank, sig = cmd.args["rank"], cmd.args.get("signal", "SIGTERM")
+            world = self._round.world_size if self._round else 0
+            if rank >= world:
+                self._ack(cmd.id, "rejected", f"rank {rank} is not in the job (world size {world})")
                 return
             mine = {w.global_rank for w in self.group.workers}
             if rank not in mine:
@@ -604,14 +632,13 @@ class ElasticAgent:
             if cause:
                 lines.append(f"  recovered from: rank {cause.get('rank')} on {cause.get('host')}:"
                              f" {cause.get('message')}")
-            print("\n".join([*lines, bar]), file=self.term, flush=True)
+            self._print_lines([*lines, bar])
             return
         lines = [bar, f"{script} FAILED", "-" * 64,
                  "Root Cause (first observed failure across all nodes):"]
         if cause:
-            when = cause.get("server_ms") or int((cause.get("timestamp") or 0) * 1000)
             lines += [
-                f"  time      : {time.strftime('%Y-%m-%d_%H:%M:%S', time.localtime(when / 1000))}",
+                f"  time      : {_cause_time(cause)}",
                 f"  host      : {cause.get('host')}",
                 f"  rank      : {cause.get('rank')} (local_rank: {cause.get('local_rank')})",
                 f"  exitcode  : {cause.get('exit_code')} (pid: {cause.get('pid')})",
@@ -621,11 +648,33 @@ class ElasticAgent:
                 lines.append(f"  error_file: {cause['error_file_path']}")
             if cause.get("traceback"):
                 lines.append("  traceback :")
-                lines += ["    " + t for t in str(cause["traceback"]).splitlines()]
+                lines += ["    " + t for t in str(cause["traceback"]).split("\n")]
         else:
             lines.append("  <unknown>")
         lines += [f"  restarts  : {self._restarts_used}/{self.cfg.max_restarts} used", bar]
-        print("\n".join(lines), file=self.term, flush=True)
+        self._print_lines(lines)
+
+    def _print_lines(self, lines: list[str]) -> None:
+        # Each line on its own through the policy: a newline inside a quoted value is escaped.
+        print("\n".join(terminal_line(line, self._colour) for line in lines), file=self.term,
+              flush=True)
+
+
+def _cause_time(cause: dict[str, Any]) -> str:
+    """When the root cause happened, local time; '?' for a value no clock can show (the cause
+    may come from another node's record)."""
+    try:
+        ms = cause.get("server_ms") or int(float(cause.get("timestamp") or 0) * 1000)
+        return time.strftime("%Y-%m-%d_%H:%M:%S", time.localtime(int(ms) / 1000))
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "?"
+
+
+def _isatty(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _failure_dict(e: WorkerExit, node: str, host: str) -> dict[str, Any]:

@@ -19,13 +19,24 @@ than ``max_line_bytes``.
 
 Output is untrusted: it is kept byte for byte in the file, decoded with replacement characters
 for Redis (escape sequences stay as data; the console escapes them when it renders).
+
+The log tree must not be turned against its owner: a log directory is often shared (``/tmp``,
+a team's scratch space), and an agent that opened ``attempt_0/0/stdout.log`` as someone else
+planted it (a symlink to the user's ``~/.bashrc``) would overwrite the target with worker
+output. So every directory the agent makes is private (:data:`LOG_DIR_MODE`) and entered
+without following symlinks (:func:`open_private_dir`), and every file is created anew, never
+through a symlink, readable by its owner only (:data:`LOG_FILE_MODE`). Anything out of place
+raises :class:`LogPathError`, whose message is one line for the terminal.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import os
 import re
+import stat
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,6 +58,121 @@ DEFAULT_MAX_ENTRY_BYTES = 256 * 1024
 TERMINAL_PARTIAL_DELAY = 0.1
 #: ... or until it is this long.
 TERMINAL_PARTIAL_MAX = 64 * 1024
+#: Worker output may hold secrets (tokens, paths, data): only the agent's user may read it.
+LOG_FILE_MODE = 0o600
+LOG_DIR_MODE = 0o700
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_ADVICE = "remove it, or pass a --log-dir that only you can write to"
+
+
+class LogPathError(OSError):
+    """A log directory or file the agent cannot use safely. The message is one line: what is
+    wrong and what to do."""
+
+
+def open_private_dir(path: Path, base: Path | None = None) -> int:
+    """Open the log directory ``path`` and return its descriptor (the caller closes it).
+
+    ``base`` (default: ``path``'s parent) is the user's choice: it is created if missing and
+    may be reached through symlinks. Every component of ``path`` below it is the agent's:
+    created with :data:`LOG_DIR_MODE` if missing, entered without following a symlink, and
+    refused unless it is a directory of this user that nobody else may write to (someone who
+    can write in it could plant a symlink after any check). Each step is relative to the
+    descriptor of the one before, so a directory swapped behind our back is never entered.
+    Raises :class:`LogPathError`.
+    """
+    base = path.parent if base is None else base
+    parts = path.relative_to(base).parts
+    try:
+        base.mkdir(mode=LOG_DIR_MODE, parents=True, exist_ok=True)
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise LogPathError(f"cannot use the log directory {base}: {_reason(exc)}") from exc
+    current = base
+    try:
+        for name in parts:
+            current = current / name
+            try:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, LOG_DIR_MODE, dir_fd=fd)
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                raise _not_a_directory(fd, name, current, exc) from exc
+            os.close(fd)
+            fd = child
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid():
+                raise LogPathError(
+                    f"refusing to write worker logs in {current}: that directory belongs to "
+                    f"another user (uid {st.st_uid}); {_ADVICE}")
+            if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                raise LogPathError(
+                    f"refusing to write worker logs in {current}: other users may write to "
+                    f"that directory (mode {stat.S_IMODE(st.st_mode):o}); {_ADVICE}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def create_log_file(dir_fd: int, name: str, path: Path) -> int:
+    """Create the file ``name`` in the directory open as ``dir_fd``; return a write descriptor.
+
+    Always a new file (mode :data:`LOG_FILE_MODE`), never opened through a symlink or a hard
+    link. A regular file already there is a log of an earlier run with the same job id and
+    log directory: it is replaced, as torchrun's files are. A symlink or anything else is
+    refused with a :class:`LogPathError`; ``path`` names the file in messages.
+    """
+    try:
+        return os.open(name, _FILE_FLAGS, LOG_FILE_MODE, dir_fd=dir_fd)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise LogPathError(f"cannot create the log file {path}: {_reason(exc)}") from exc
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode):
+            raise _unexpected(dir_fd, name, path, st)
+        # unlink removes the name only: a hard link's other names keep their content.
+        os.unlink(name, dir_fd=dir_fd)
+        return os.open(name, _FILE_FLAGS, LOG_FILE_MODE, dir_fd=dir_fd)
+    except FileExistsError:
+        raise LogPathError(f"refusing to write {path}: something else keeps creating that "
+                           f"file; {_ADVICE}") from None
+    except LogPathError:
+        raise
+    except OSError as exc:
+        raise LogPathError(f"cannot create the log file {path}: {_reason(exc)}") from exc
+
+
+def _not_a_directory(dir_fd: int, name: str, path: Path, exc: OSError) -> LogPathError:
+    if exc.errno in (errno.ENOTDIR, errno.ELOOP):
+        with contextlib.suppress(OSError):
+            return _unexpected(dir_fd, name, path,
+                               os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
+    return LogPathError(f"cannot create the log directory {path}: {_reason(exc)}")
+
+
+def _unexpected(dir_fd: int, name: str, path: Path, st: os.stat_result) -> LogPathError:
+    """A refusal naming what was found where the agent wanted its own file or directory."""
+    if stat.S_ISLNK(st.st_mode):
+        target = ""
+        with contextlib.suppress(OSError):
+            target = f" to {os.readlink(name, dir_fd=dir_fd)!r}"
+        what = f"is a symbolic link{target}, which the agent never follows"
+    elif stat.S_ISDIR(st.st_mode):
+        what = "is a directory"
+    elif stat.S_ISREG(st.st_mode):
+        what = "is a file, not a directory"
+    else:
+        what = "is a special file (a FIFO, socket or device)"
+    return LogPathError(f"refusing to write worker logs: {path} {what}; {_ADVICE}")
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
 
 
 class Std(IntFlag):
@@ -60,8 +186,8 @@ class Std(IntFlag):
 
 StdSpec = Std | Mapping[int, Std]
 
-_VALUE_RE = re.compile(r"^[0-3]$")
-_MAPPING_RE = re.compile(r"^\d+:[0-3](,\d+:[0-3])*$")
+_VALUE_RE = re.compile(r"[0-3]")
+_MAPPING_RE = re.compile(r"\d+:[0-3](,\d+:[0-3])*")
 
 
 def parse_std_spec(spec: str) -> Std | dict[int, Std]:
@@ -71,9 +197,9 @@ def parse_std_spec(spec: str) -> Std | dict[int, Std]:
     not named get 0). Raises ValueError naming the accepted forms on anything else.
     """
     s = str(spec).strip().replace(" ", "")
-    if _VALUE_RE.match(s):
+    if _VALUE_RE.fullmatch(s):
         return Std(int(s))
-    if _MAPPING_RE.match(s):
+    if _MAPPING_RE.fullmatch(s):
         out: dict[int, Std] = {}
         for item in s.split(","):
             rank, value = item.split(":")
@@ -224,7 +350,11 @@ class NodeLogs:
 
     def open_worker(self, *, directory: Path, role: str, rank: int, local_rank: int,
                     attempt: int) -> WorkerLogs:
-        """Open the files of one worker in ``directory`` (created) and return its sink."""
+        """Create the files of one worker in ``directory`` and return its sink.
+
+        ``directory`` is made private if missing (its parent is taken as given); see
+        :func:`open_private_dir` and :func:`create_log_file`. Raises :class:`LogPathError`.
+        """
         if self.publisher is not None and not self._registered:
             # Consoles find the node's stream through this set; SADD is idempotent, so a
             # replay after an outage is harmless.
@@ -245,7 +375,6 @@ class WorkerLogs:
     def __init__(self, node: NodeLogs, *, directory: Path, role: str, rank: int,
                  local_rank: int, attempt: int) -> None:
         cfg = node.config
-        directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.rank = rank
         self.local_rank = local_rank
@@ -253,18 +382,27 @@ class WorkerLogs:
         visible = cfg.local_ranks_filter is None or local_rank in cfg.local_ranks_filter
         prefix = line_prefix(cfg.log_line_prefix_template, role, rank, local_rank).encode()
         self._streams: dict[str, _StreamLog] = {}
-        for name, bit, fname in ((protocol.STDOUT, Std.OUT, "stdout.log"),
-                                 (protocol.STDERR, Std.ERR, "stderr.log")):
-            teed = bool(std_for(cfg.tee, local_rank) & bit)
-            redirected = bool(std_for(cfg.redirects, local_rank) & bit)
-            writer = node._writer(name) if visible and (teed or not redirected) else None
-            shipper = None
-            if node.publisher is not None:
-                shipper = _Shipper(node.publisher, node.stream_key, cfg, node.node_id, rank,
-                                   local_rank, attempt, name)
-            self._streams[name] = _StreamLog(directory / fname, writer,
-                                             prefix if teed else b"", shipper,
-                                             cfg.max_line_bytes)
+        dir_fd = open_private_dir(directory)
+        try:
+            for name, bit, fname in ((protocol.STDOUT, Std.OUT, "stdout.log"),
+                                     (protocol.STDERR, Std.ERR, "stderr.log")):
+                teed = bool(std_for(cfg.tee, local_rank) & bit)
+                redirected = bool(std_for(cfg.redirects, local_rank) & bit)
+                writer = node._writer(name) if visible and (teed or not redirected) else None
+                shipper = None
+                if node.publisher is not None:
+                    shipper = _Shipper(node.publisher, node.stream_key, cfg, node.node_id, rank,
+                                       local_rank, attempt, name)
+                fd = create_log_file(dir_fd, fname, directory / fname)
+                self._streams[name] = _StreamLog(directory / fname, fd, writer,
+                                                 prefix if teed else b"", shipper,
+                                                 cfg.max_line_bytes)
+        except BaseException:
+            for opened in self._streams.values():
+                opened.close()
+            raise
+        finally:
+            os.close(dir_fd)
         self.drained = asyncio.Event()
 
     @property
@@ -294,11 +432,11 @@ class WorkerLogs:
 class _StreamLog:
     """One stream of one worker: raw file, terminal (optionally prefixed), Redis shipper."""
 
-    def __init__(self, path: Path, writer: BinaryWriter | None, prefix: bytes,
+    def __init__(self, path: Path, fd: int, writer: BinaryWriter | None, prefix: bytes,
                  shipper: _Shipper | None, max_line_bytes: int) -> None:
         self.path = path
         # Unbuffered: each chunk is one write(2), so `tail -f` sees output as it comes.
-        self._file: IO[bytes] | None = open(path, "wb", buffering=0)  # noqa: SIM115
+        self._file: IO[bytes] | None = open(fd, "wb", buffering=0)  # noqa: SIM115
         self._writer = writer
         self._prefix = prefix
         self._nl_prefix = b"\n" + prefix

@@ -26,10 +26,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import json
 import logging
 import os
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +43,7 @@ from typing import Any
 import psutil
 
 from elastic_agent.coordination import protocol
-from elastic_agent.supervision.logs import NodeLogs, WorkerLogs
+from elastic_agent.supervision.logs import LogPathError, NodeLogs, WorkerLogs, open_private_dir
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,8 @@ log = logging.getLogger(__name__)
 KILL_WAIT = 10.0
 #: How long stop() waits for the output pipes to reach EOF once every process is gone.
 DRAIN_WAIT = 2.0
+#: A larger error file is not read (a worker could otherwise make the agent load gigabytes).
+ERROR_FILE_MAX_BYTES = 4 << 20
 
 
 class WorkerState(str, Enum):
@@ -63,7 +67,8 @@ class WorkerState(str, Enum):
 
 
 class WorkerStartError(RuntimeError):
-    """A worker could not be started (e.g. the entrypoint does not exist)."""
+    """A worker could not be started (e.g. the entrypoint does not exist, or its log files
+    cannot be created safely). The message is one line for the terminal."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,7 +78,9 @@ class WorkerSpec:
     ``entrypoint`` is the full argv (e.g. ``[sys.executable, "-u", "train.py", *args]``).
     ``log_dir`` already names the job (the agent chooses it); attempts go in
     ``log_dir/attempt_<n>/<global_rank>/`` (global, so agents sharing a host and a log
-    directory never share a file). ``extra_env`` is added to every worker's
+    directory never share a file). ``log_dir``'s parent is the user's; ``log_dir`` and
+    everything below it are the agent's, private and checked (``logs.open_private_dir``).
+    ``extra_env`` is added to every worker's
     environment before torchrun's variables (which win).
     """
 
@@ -318,26 +325,23 @@ class WorkerGroup:
 
         Each worker gets its own session and process group, stdin from /dev/null, stdout
         and stderr into the log pipeline, and a fresh error file path (a stale file from an
-        earlier run is deleted). Raises RuntimeError if the previous attempt was not stopped,
-        WorkerStartError if a worker cannot be spawned (those already started are stopped).
+        earlier run is deleted). Every worker's log directory and files are made before the
+        first worker starts. Raises RuntimeError if the previous attempt was not stopped,
+        WorkerStartError if the log files cannot be made safely (no worker is started then)
+        or a worker cannot be spawned (those already started are stopped).
         """
         if self._workers and (self._stop_task is None or not self._stop_task.done()):
             raise RuntimeError("the worker group is running: stop() it before starting again")
         loop = asyncio.get_running_loop()
         spec = self.spec
+        prepared = self._prepare_logs(assignment)
         self.assignment = assignment
         self._workers = []
         self._stop_task = None
         self._stopping = False
         self._outcome = loop.create_future()
-        for local_rank in range(spec.nproc):
-            err = error_file_path(spec, assignment, local_rank)
-            err.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):
-                err.unlink()  # a stale file would be read as this attempt's failure
+        for local_rank, (err, wlogs) in enumerate(prepared):
             rank = assignment.global_rank(local_rank)
-            wlogs = self.logs.open_worker(directory=err.parent, role=spec.role, rank=rank,
-                                          local_rank=local_rank, attempt=assignment.attempt)
             exited: asyncio.Future[int] = loop.create_future()
             worker = _Worker(local_rank, rank, err, wlogs, exited)
             self._workers.append(worker)
@@ -350,7 +354,8 @@ class WorkerGroup:
                     stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
                     preexec_fn=_die_with_parent)
             except OSError as exc:
-                wlogs.close()
+                for _, unused in prepared[local_rank:]:
+                    unused.close()
                 exited.set_result(-1)
                 worker.exit = self._make_exit(worker, -1, f"could not start: {exc}")
                 await self.stop(timeout=min(self.spec.shutdown_timeout, 5.0))
@@ -362,6 +367,35 @@ class WorkerGroup:
             exited.add_done_callback(lambda fut, w=worker: self._on_exited(w, fut))
         self.state = WorkerState.HEALTHY
         return self.workers
+
+    def _prepare_logs(self, assignment: RankAssignment) -> list[tuple[Path, WorkerLogs]]:
+        """Each local rank's error file path and open log sink; WorkerStartError if any
+        cannot be made (the ones already open are closed)."""
+        spec = self.spec
+        prepared: list[tuple[Path, WorkerLogs]] = []
+        try:
+            for local_rank in range(spec.nproc):
+                err = error_file_path(spec, assignment, local_rank)
+                dir_fd = open_private_dir(err.parent, base=spec.log_dir.parent)
+                try:
+                    # A stale file would be read as this attempt's failure. unlink never
+                    # follows a symlink: it removes the link, not its target.
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(err.name, dir_fd=dir_fd)
+                except OSError as exc:
+                    raise LogPathError(f"cannot remove the stale error file {err}: "
+                                       f"{exc.strerror or exc}") from exc
+                finally:
+                    os.close(dir_fd)
+                wlogs = self.logs.open_worker(
+                    directory=err.parent, role=spec.role, rank=assignment.global_rank(local_rank),
+                    local_rank=local_rank, attempt=assignment.attempt)
+                prepared.append((err, wlogs))
+        except OSError as exc:
+            for _, wlogs in prepared:
+                wlogs.close()
+            raise WorkerStartError(str(exc)) from exc
+        return prepared
 
     # -- exits ----------------------------------------------------------------------------
 
@@ -610,13 +644,33 @@ def _running(proc: psutil.Process) -> bool:
 
 
 def _read_error_file(path: Path) -> dict[str, Any] | None:
-    """The worker's error file (torch's ``@record`` format), or None if absent or invalid."""
+    """The worker's error file (torch's ``@record`` format), or None if absent or invalid.
+
+    The file is the worker's, so it is read as untrusted: never through a symlink (which
+    could make the agent publish a file the worker chose), only if it is a regular file (a
+    FIFO would block the event loop; O_NONBLOCK keeps the open itself from blocking), only
+    up to ERROR_FILE_MAX_BYTES, and nesting too deep for ``json`` is only a bad file.
+    """
     try:
-        with open(path, encoding="utf-8", errors="replace") as fp:
-            data = json.load(fp)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc
+        log.warning("cannot read the error file %s: %s", path, why)
+        return None
+    with open(fd, "rb") as fp:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            log.warning("cannot read the error file %s: it is not a regular file", path)
+            return None
+        raw = fp.read(ERROR_FILE_MAX_BYTES + 1)
+    if len(raw) > ERROR_FILE_MAX_BYTES:
+        log.warning("cannot read the error file %s: larger than %d bytes", path,
+                    ERROR_FILE_MAX_BYTES)
+        return None
+    try:
+        data = json.loads(raw.decode("utf-8", "replace"))
+    except (ValueError, RecursionError) as exc:
         log.warning("cannot read the error file %s: %s", path, exc)
         return None
     return data if isinstance(data, dict) else None

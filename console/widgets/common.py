@@ -13,8 +13,9 @@ from rich.style import Style
 from rich.text import Text
 from textual.strip import Strip
 
+from elastic_agent.coordination.text import sanitize
+
 from ..formatting import fmt_age, fmt_bytes, fmt_clock
-from ..text import sanitize
 
 __all__ = [
     "JOB_STATE_STYLES",

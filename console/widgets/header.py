@@ -54,6 +54,10 @@ class JobHeader(Static):
         t.append(f"{view.restarts_used}/{_q(view.max_restarts)}", _VALUE)
         if view.lines_dropped:
             t.append(f"   {view.lines_dropped} log lines dropped", Style(color="yellow"))
+        if view.skipped:
+            # Records nobody could read: a broken or hostile writer is never silent.
+            t.append(f"   {view.skipped} unreadable record{'' if view.skipped == 1 else 's'} "
+                     "skipped", Style(color="yellow"))
         t.append("\n redis ", _LABEL)
         t.append_text(safe_text(endpoint))
         if not loaded:

@@ -31,7 +31,7 @@ How it stays fast at 50k lines/s over a 200k-line buffer:
   row's Strip made per frame (see ``_Rendered``). It is cleared when the prefix columns
   change. A frame is drawn only when the rows on screen changed (``_repaint_if_moved``).
 
-Untrusted text: every line goes through :func:`~elastic_console.text.sanitize` and is
+Untrusted text: every line goes through :func:`~elastic_agent.coordination.text.sanitize` and is
 turned into Rich ``Text`` with ``Text.from_ansi`` (SGR colours kept) or plain ``Text``:
 never markup. ``[bold]x[/bold]`` shows as those characters; ``ESC ] 0 ; title BEL`` shows as
 ``\\x1b]0;title\\x07``. Tabs are expanded (a raw tab would move the terminal's cursor).
@@ -64,8 +64,9 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widget import Widget
 
+from elastic_agent.coordination.text import sanitize, strip_sgr
+
 from ..logbuffer import LogBuffer, LogLine
-from ..text import sanitize, strip_sgr
 from .common import fit_row
 
 __all__ = ["LogBuffer", "LogLine", "LogView"]

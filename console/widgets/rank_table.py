@@ -40,8 +40,9 @@ from textual.reactive import var
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from elastic_agent.coordination.text import sanitize
+
 from ..state import JobView, RankState
-from ..text import sanitize
 from .common import RANK_STATE_STYLES, fit_row, fmt_age, fmt_bytes, safe_text
 
 __all__ = ["COLUMNS", "RankTable", "row_values"]

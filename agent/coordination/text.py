@@ -1,5 +1,10 @@
 """Untrusted text made safe to show: worker output, host names, error messages are data.
 
+One policy for every place the project writes text that came from Redis or from workers: the
+console's screens, its CLI, and the agent's own messages and summary (not ``--tee``, which is
+raw as torchrun's). It lives beside the wire contract because both sides show what the wire
+carries; it imports nothing.
+
 Contract
     :func:`sanitize` keeps tab and ANSI SGR sequences (``ESC [ params m``: colours and
     attributes) and turns every other control character into visible text, so nothing a
@@ -84,3 +89,26 @@ def strip_sgr(line: str) -> str:
     if "\x1b" not in line:
         return line
     return _SGR_RE.sub("", line)
+
+
+#: Ends every coloured line on a terminal, so a colour a worker opened never bleeds further.
+SGR_RESET = "\x1b[0m"
+
+
+def terminal_line(text: str, colour: bool) -> str:
+    """One line of untrusted text as it may be written to a terminal or a pipe.
+
+    Every control character is escaped (a newline in ``text`` included: one call, one line).
+    With ``colour`` (the output is a terminal) SGR colours are kept and reset at the end of the
+    line; without (a pipe, a file) they are removed.
+    """
+    safe = sanitize(text)
+    if not colour:
+        return strip_sgr(safe)
+    return safe + SGR_RESET if "\x1b" in safe else safe
+
+
+def terminal_lines(text: str, colour: bool) -> list[str]:
+    """Multi-line untrusted text (a traceback) as lines for :func:`terminal_line`. Splits on
+    ``\n`` only: every other separator stays inside its line, escaped."""
+    return [terminal_line(line, colour) for line in text.split("\n")]

@@ -1,0 +1,30 @@
+"""Loops that must outlive their own bugs: a reader that dies silently switches off a whole
+job's control plane, so one that fails is reported and started again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+log = logging.getLogger(__name__)
+
+
+async def keep_running(name: str, loop: Callable[[], Awaitable[None]],
+                       report: Callable[[str], None], *, first_delay: float = 0.1,
+                       max_delay: float = 5.0) -> None:
+    """Run ``loop()`` until it returns; whenever an exception escapes it, ``report`` one line
+    naming ``name`` and the error, wait (``first_delay`` doubling to ``max_delay``) and run it
+    again. Cancellation passes through: that is how the agent ends it."""
+    delay = first_delay
+    while True:
+        try:
+            await loop()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            report(f"the {name} failed ({type(exc).__name__}: {exc}); restarting it")
+            log.debug("%s failure", name, exc_info=True)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_delay)

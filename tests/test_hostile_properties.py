@@ -1,0 +1,163 @@
+"""Property-based: random and adversarial records fed to every decoder, to the console's fold,
+to the terminal policy, and through a real redis-server to a live agent and the CLI."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import string
+
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from elastic_agent.coordination.protocol import (
+    Command,
+    CommandType,
+    Event,
+    EventType,
+    JobKeys,
+    LogBatch,
+    NodeDescription,
+    ProtocolError,
+    RoundInfo,
+    decode_command,
+    decode_event,
+    decode_log_batch,
+    encode_command,
+)
+from elastic_agent.coordination.text import terminal_line
+from elastic_console.state import JobView
+from tests.agents import SCRIPTS, Agent, wait_until
+from tests.test_agent import FAST, agent_args, of_type, worker_pids
+from tests.test_hostile_records import _console
+
+FIELD_NAMES = ["v", "type", "node", "seq", "data", "id", "issuer", "target", "args", "rank",
+               "lrank", "attempt", "s", "lines"]
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=4),
+    max_leaves=20)
+hostile_text = st.sampled_from([
+    "[" * 3000 + "]" * 3000, "[" * 100_000, '{"a":' * 200 + "1" + "}" * 200, "\x1b]0;PWNED\x07",
+    "\x1b[2J\x1b[H", "1" * 5000, "-1", "true", "NaN", "", "\x00\xff", "\u202e", "2", "99999999"])
+values = (st.text(max_size=40) | st.binary(max_size=40) | hostile_text
+          | json_values.map(lambda v: json.dumps(v)))
+records = st.dictionaries(st.sampled_from(FIELD_NAMES) | st.text(max_size=5), values, max_size=10)
+# Some records that are nearly right: the known type and version with one hostile field.
+near_events = st.fixed_dictionaries({
+    "v": st.just("1"), "type": st.sampled_from(sorted(EventType.ALL)), "node": st.text(max_size=10),
+    "seq": st.sampled_from(["1", "x", "-3"]), "data": json_values.map(lambda v: json.dumps(v))
+    | hostile_text | st.dictionaries(st.sampled_from(["rank", "round", "ranks", "nodes", "host",
+                                                         "root_cause", "exit_code", "pids"]),
+                                       json_values | hostile_text, max_size=6)
+    .map(lambda d: json.dumps(d))})
+near_commands = st.fixed_dictionaries({
+    "v": st.sampled_from(["1", "2", ""]), "id": st.text(max_size=12),
+    "type": st.sampled_from([*sorted(CommandType.ALL), "explode"]),
+    "args": st.dictionaries(st.sampled_from(["rank", "signal"]), json_values | hostile_text,
+                            max_size=2).map(lambda d: json.dumps(d)) | hostile_text})
+any_record = records | near_events | near_commands
+
+# -- decoders ------------------------------------------------------------------------------------
+
+
+def _bytes_fields(fields: dict) -> dict:
+    return {(k.encode() if isinstance(k, str) else k): (v.encode() if isinstance(v, str) else v)
+            for k, v in fields.items()}
+
+
+@settings(max_examples=400, deadline=None)
+@given(any_record)
+def test_decoders_are_total(fields):
+    for f in (fields, _bytes_fields(fields)):
+        ev = decode_event("1-0", f)
+        assert ev is None or (isinstance(ev, Event) and isinstance(ev.data, dict))
+        batch = decode_log_batch("1-0", f)
+        assert batch is None or (isinstance(batch, LogBatch) and type(batch.rank) is int
+                                 and batch.rank >= 0)
+        cmd = decode_command("1-0", f)
+        assert isinstance(cmd, (str, Command))
+        if isinstance(cmd, Command) and cmd.type == CommandType.SIGNAL:
+            assert type(cmd.args["rank"]) is int and cmd.args["rank"] >= 0
+    for raw in (fields.get("data"), fields.get("args")):
+        if isinstance(raw, (str, bytes)):
+            for decode in (RoundInfo.decode, NodeDescription.decode):
+                with contextlib.suppress(ProtocolError):
+                    decode(raw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(near_events, max_size=12))
+def test_the_console_fold_never_raises(entries):
+    view = JobView("j", scrollback=10)
+    for i, fields in enumerate(entries):
+        ev = decode_event(f"{i + 1}-0", fields)
+        if ev is not None:
+            view.apply_event(ev)
+    assert view.skipped >= 0
+
+
+_VISIBLE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f-\x9f]*")
+
+
+sgr_pieces = st.sampled_from(["\x1b[31m", "\x1b[0m", "\x1b[1;38;2;1;2;3m", "\x1b[", "m", "\x1b]8;;x\x07",
+                              "\x1b[2J", "\x07", "\r", "\n", "\u2028", "\u202e", "text", " "])
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text() | hostile_text | st.text(alphabet=string.printable + "\x1b\x07\x9b\r\u2028")
+       | st.lists(sgr_pieces, max_size=8).map("".join))
+@example("\x1b[31mred")  # a colour left open must be closed at the end of the line
+@example("\x1b[3\x1b[1mm")  # a broken sequence must not join into a live one
+def test_the_terminal_policy_lets_no_control_through(text):
+    piped = terminal_line(text, colour=False)
+    assert _VISIBLE.fullmatch(piped), repr(piped)
+    on_tty = terminal_line(text, colour=True)
+    without_sgr = re.sub(r"\x1b\[[0-9;:]*m", "", on_tty)
+    assert _VISIBLE.fullmatch(without_sgr), repr(on_tty)
+    if "\x1b" in on_tty:
+        assert on_tty.endswith("\x1b[0m")
+
+
+# -- live: a real agent, the CLI -----------------------------------------------------------------
+
+@settings(max_examples=3, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+@given(garbage=st.lists(any_record, min_size=10, max_size=30))
+def test_a_live_agent_and_the_cli_survive_garbage_and_a_valid_stop_still_stops(
+        garbage, redis_url, r, tmp_path_factory):
+    job = f"prop-{tmp_path_factory.mktemp('x').name}"
+    tmp = tmp_path_factory.mktemp("agent")
+    keys = JobKeys(job)
+    agent = Agent(agent_args(redis_url, job, "--nproc-per-node", "2", FAST,
+                             str(SCRIPTS / "sleeper.py")), tmp, "a")
+    try:
+        wait_until(lambda: len(worker_pids(r, job)) == 2, 30, "workers")
+        first = worker_pids(r, job)
+        node = of_type(r, job, EventType.WORKERS_STARTED)[0].node
+        for fields in garbage:
+            clean = {str(k) or "_": v for k, v in fields.items()} or {"_": "x"}
+            for key in (keys.events, keys.logs(node)):
+                r.xadd(key, clean)
+            # A well-formed command that hypothesis happens to build (a restart) is obeyed,
+            # rightly: only what the agents must refuse goes to the command stream.
+            if isinstance(decode_command("0-1", clean), str):
+                r.xadd(keys.commands, clean)
+        for args in (["ls"], ["status", job], ["events", job], ["logs", job],
+                     ["status", job, "--json"]):
+            p = _console(*args, "--redis", redis_url)
+            assert p.returncode == 0 and "Traceback" not in p.stderr, (args, p.stderr[-2000:])
+            assert "\x1b" not in p.stdout and "\x07" not in p.stdout
+        assert worker_pids(r, job) == first  # no garbage restarted or signalled a worker
+        r.xadd(keys.commands, encode_command(Command("stop-ok", CommandType.STOP, "tester")))
+        assert agent.wait(30) == 143, agent.output[-3000:]
+        assert "Traceback" not in agent.output
+    finally:
+        if agent.proc.poll() is None:
+            agent.kill()
+            agent.wait(10)
