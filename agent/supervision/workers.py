@@ -4,33 +4,39 @@ A :class:`WorkerGroup` runs ``nproc`` copies of the entrypoint with torchrun's w
 environment (:func:`worker_env`), each in its own process group and session, with stdout and
 stderr piped into the log pipeline (:mod:`elastic_agent.supervision.logs`).
 
-Everything is an event: a worker's exit is reported by the child watcher the moment it is
-reaped, pipe data by the loop's reader, a stray process's end by its pidfd. Nothing polls.
+Everything is an event: a worker's exit is a message from the group's keeper the moment it
+reaps the worker, pipe data comes from the loop's reader, a stray process's end from its pidfd.
+Nothing polls.
 
-Why not ``asyncio.create_subprocess_exec``: on Python 3.11 its ``Process.wait()`` resolves
-only once the process has exited *and* every pipe is closed, so a worker whose child (a
-daemon, a compile worker) still holds its stdout would never be seen exiting. The group
-calls ``loop.subprocess_exec`` (which ``create_subprocess_exec`` wraps) with its own protocol,
-whose ``process_exited`` fires on the exit itself and whose ``pipe_data_received`` hands each
-chunk (up to 256 KiB) straight to the log pipeline, without a StreamReader in between.
+The workers are started by a keeper (:mod:`elastic_agent.supervision.keeper`), one small
+process per group and attempt, child of the agent, child subreaper of the tree: when the agent
+dies, however it dies (SIGKILL, OOM), the keeper sees EOF on a socket whose other end only the
+agent holds and SIGKILLs every descendant, grandchildren in sessions of their own and
+double-forked daemons included; it exits once none is left. The agent keeps everything else:
+it creates the output pipes and reads them (``loop.connect_read_pipe``, each chunk of up to
+256 KiB straight to the log pipeline), and the exit is reported on reaping, not when the pipes
+close, so a worker whose child (a daemon, a compile worker) still holds its stdout is still
+seen exiting. Workers get exactly the argv, environment, session, descriptors and inherited
+signal dispositions the agent asks for; their parent, the process their PR_SET_PDEATHSIG
+names, is the keeper.
 
 No orphans: :meth:`WorkerGroup.stop` sends SIGTERM to every worker's process group and to
-every process of its tree that left the group (found by parentage while the worker lives, and
-by the worker's ``TORCHELASTIC_ERROR_FILE`` in the environment of orphans and daemons), waits
-up to ``shutdown_timeout``, SIGKILLs what is left, and returns once all are gone and the
-output pipes are drained.
+every process of its tree that left the group (the keeper's descendants; while a worker lives,
+its own; and any process with the worker's ``TORCHELASTIC_ERROR_FILE`` in its environment),
+waits up to ``shutdown_timeout``, SIGKILLs what is left, and returns once all are gone, the
+output pipes are drained and the keeper has exited.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import errno
 import json
 import logging
 import os
 import signal
+import socket
 import stat
 import sys
 import time
@@ -43,6 +49,7 @@ from typing import Any
 import psutil
 
 from elastic_agent.coordination import protocol
+from elastic_agent.supervision import keeper
 from elastic_agent.supervision.logs import LogPathError, NodeLogs, WorkerLogs, open_private_dir
 
 log = logging.getLogger(__name__)
@@ -243,7 +250,7 @@ class GroupResult:
 
 class _Worker:
     __slots__ = ("error_file", "exit", "exited", "global_rank", "local_rank", "logs", "pid",
-                 "pipe_inodes", "transport")
+                 "pipe_inodes", "pipes")
 
     def __init__(self, local_rank: int, global_rank: int, error_file: Path,
                  logs: WorkerLogs, exited: asyncio.Future[int]) -> None:
@@ -254,28 +261,96 @@ class _Worker:
         self.exited = exited
         self.exit: WorkerExit | None = None
         self.pid = 0
-        self.transport: asyncio.SubprocessTransport | None = None
+        self.pipes: list[asyncio.ReadTransport] = []
         self.pipe_inodes: set[int] = set()
 
 
-class _WorkerProtocol(asyncio.SubprocessProtocol):
-    """Pipe chunks to the worker's log sink; the exit to the group, the moment it happens."""
+class _PipeProtocol(asyncio.Protocol):
+    """One of a worker's output pipes: each chunk (up to 256 KiB) straight to its log sink."""
 
-    def __init__(self, logs: WorkerLogs, exited: asyncio.Future[int]) -> None:
+    def __init__(self, logs: WorkerLogs, stream: str) -> None:
         self._logs = logs
+        self._stream = stream
+
+    def data_received(self, data: bytes) -> None:
+        self._logs.feed(self._stream, data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._logs.eof(self._stream)
+
+
+class _Keeper:
+    """The agent's side of a group's keeper process (:mod:`.keeper`): which workers it has
+    started (a pid, or the OSError of a failed exec), their exits, its own exit."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, workers: list[_Worker],
+                 executable: str) -> None:
+        self.workers = workers
+        self.executable = executable
+        self.started: list[asyncio.Future[int | OSError]] = [
+            loop.create_future() for _ in workers]
+        self.exited: asyncio.Future[int] = loop.create_future()
+        self.process: asyncio.SubprocessTransport | None = None
+        self.channel: asyncio.BaseTransport | None = None
+        self.pid = 0
+        self.closing = False
+
+    def fail_all(self, exc: OSError) -> None:
+        for fut in self.started:
+            if not fut.done():
+                fut.set_result(exc)
+
+    def on_message(self, message: object) -> None:
+        try:
+            kind, index, value = message  # type: ignore[misc]
+            worker = self.workers[index]
+        except (TypeError, ValueError, IndexError):
+            log.error("ignoring a malformed message from the keeper: %r", message)
+            return
+        if kind == keeper.STARTED:
+            worker.pid = value
+            if not self.started[index].done():
+                self.started[index].set_result(value)
+        elif kind == keeper.FAILED:
+            if not self.started[index].done():
+                self.started[index].set_result(
+                    OSError(value, os.strerror(value), self.executable))
+        elif kind == keeper.EXITED and not worker.exited.done():
+            worker.exited.set_result(value)
+
+    def on_lost(self) -> None:
+        self.fail_all(OSError(errno.ECHILD, "the worker group's keeper process exited"))
+        if self.closing:
+            return
+        # Its workers' PDEATHSIG names the keeper: the kernel has SIGKILLed them.
+        lost = [w for w in self.workers if w.pid and not w.exited.done()]
+        if lost:
+            log.error("the keeper process %d of the workers ended unexpectedly: ranks %s were "
+                      "killed with it", self.pid, [w.global_rank for w in lost])
+        for w in lost:
+            w.exited.set_result(-int(signal.SIGKILL))
+
+
+class _KeeperChannel(asyncio.Protocol):
+    def __init__(self, handle: _Keeper) -> None:
+        self._handle = handle
+        self._unframer = keeper.Unframer()
+
+    def data_received(self, data: bytes) -> None:
+        for message in self._unframer.feed(data):
+            self._handle.on_message(message)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._handle.on_lost()
+
+
+class _KeeperProcess(asyncio.SubprocessProtocol):
+    def __init__(self, exited: asyncio.Future[int]) -> None:
         self._exited = exited
         self._transport: asyncio.SubprocessTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
-
-    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
-        assert isinstance(data, bytes)
-        self._logs.feed(protocol.STDOUT if fd == 1 else protocol.STDERR, data)
-
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        if fd in (1, 2):
-            self._logs.eof(protocol.STDOUT if fd == 1 else protocol.STDERR)
 
     def process_exited(self) -> None:
         assert self._transport is not None
@@ -306,6 +381,7 @@ class WorkerGroup:
         self._outcome: asyncio.Future[GroupResult] | None = None
         self._stop_task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._keeper: _Keeper | None = None
 
     @property
     def workers(self) -> list[WorkerInfo]:
@@ -333,7 +409,6 @@ class WorkerGroup:
         if self._workers and (self._stop_task is None or not self._stop_task.done()):
             raise RuntimeError("the worker group is running: stop() it before starting again")
         loop = asyncio.get_running_loop()
-        spec = self.spec
         prepared = self._prepare_logs(assignment)
         self.assignment = assignment
         self._workers = []
@@ -341,32 +416,85 @@ class WorkerGroup:
         self._stopping = False
         self._outcome = loop.create_future()
         for local_rank, (err, wlogs) in enumerate(prepared):
-            rank = assignment.global_rank(local_rank)
             exited: asyncio.Future[int] = loop.create_future()
-            worker = _Worker(local_rank, rank, err, wlogs, exited)
+            worker = _Worker(local_rank, assignment.global_rank(local_rank), err, wlogs, exited)
             self._workers.append(worker)
-            env = worker_env(spec, assignment, local_rank, self._base_env)
-            proto = _WorkerProtocol(wlogs, exited)
-            try:
-                transport, _ = await loop.subprocess_exec(
-                    lambda proto=proto: proto, *spec.entrypoint,
-                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
-                    preexec_fn=_die_with_parent)
-            except OSError as exc:
-                for _, unused in prepared[local_rank:]:
-                    unused.close()
-                exited.set_result(-1)
-                worker.exit = self._make_exit(worker, -1, f"could not start: {exc}")
-                await self.stop(timeout=min(self.spec.shutdown_timeout, 5.0))
-                raise WorkerStartError(
-                    f"cannot start worker {local_rank} ({spec.entrypoint[0]}): {exc}") from exc
-            worker.transport = transport
-            worker.pid = transport.get_pid()
-            worker.pipe_inodes = _pipe_inodes(transport)
             exited.add_done_callback(lambda fut, w=worker: self._on_exited(w, fut))
+        self._keeper = await self._start_keeper(loop, assignment)
+        for worker, started in zip(list(self._workers), self._keeper.started):
+            result = await started
+            if isinstance(result, OSError):
+                await self._start_failed(worker, result)
         self.state = WorkerState.HEALTHY
         return self.workers
+
+    async def _start_keeper(self, loop: asyncio.AbstractEventLoop,
+                            assignment: RankAssignment) -> _Keeper:
+        """Connect every worker's output pipes, start the keeper, and ask it for the workers.
+
+        The keeper's end of the socket and the pipes' write ends go to the keeper only: once
+        it has started the workers they are the workers' alone, and the agent's end of the
+        socket is the only one (so its EOF is the agent's death).
+        """
+        spec = self.spec
+        handle = _Keeper(loop, self._workers, spec.entrypoint[0])
+        ours, theirs = socket.socketpair()
+        write_ends: list[int] = []
+        requests = []
+        try:
+            for w in self._workers:
+                ends = []
+                for stream in (protocol.STDOUT, protocol.STDERR):
+                    read_end, write_end = os.pipe()
+                    write_ends.append(write_end)
+                    ends.append(write_end)
+                    w.pipe_inodes.add(os.fstat(read_end).st_ino)
+                    pipe, _ = await loop.connect_read_pipe(
+                        lambda w=w, stream=stream: _PipeProtocol(w.logs, stream),
+                        open(read_end, "rb", buffering=0))  # noqa: SIM115 - the transport's
+                    w.pipes.append(pipe)
+                env = worker_env(spec, assignment, w.local_rank, self._base_env)
+                requests.append(([os.fsencode(a) for a in spec.entrypoint],
+                                 {os.fsencode(k): os.fsencode(v) for k, v in env.items()},
+                                 *ends))
+            handle.process, _ = await loop.subprocess_exec(
+                lambda: _KeeperProcess(handle.exited), sys.executable, "-I", "-S",
+                keeper.__file__, str(theirs.fileno()),
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=None, pass_fds=(theirs.fileno(), *write_ends), start_new_session=True)
+        except BaseException as exc:
+            ours.close()
+            for w in self._workers:  # their logs see EOF: nothing will ever write there
+                for pipe in w.pipes:
+                    pipe.close()
+            if not isinstance(exc, OSError):
+                raise
+            handle.fail_all(exc)
+            return handle
+        finally:
+            theirs.close()
+            for fd in write_ends:
+                os.close(fd)
+        handle.pid = handle.process.get_pid()
+        handle.channel, _ = await loop.create_unix_connection(
+            lambda: _KeeperChannel(handle), sock=ours)
+        handle.channel.write(keeper.frame(requests))  # type: ignore[attr-defined]
+        return handle
+
+    async def _start_failed(self, worker: _Worker, exc: OSError) -> None:
+        """``worker`` could not be started: stop those that were (the keeper started none
+        after it), then raise WorkerStartError."""
+        for unused in self._workers[worker.local_rank + 1:]:
+            for pipe in unused.pipes:
+                pipe.close()
+            unused.logs.close()
+        del self._workers[worker.local_rank + 1:]
+        worker.exited.set_result(-1)
+        worker.exit = self._make_exit(worker, -1, f"could not start: {exc}")
+        await self.stop(timeout=min(self.spec.shutdown_timeout, 5.0))
+        raise WorkerStartError(
+            f"cannot start worker {worker.local_rank} ({self.spec.entrypoint[0]}): {exc}"
+        ) from exc
 
     def _prepare_logs(self, assignment: RankAssignment) -> list[tuple[Path, WorkerLogs]]:
         """Each local rank's error file path and open log sink; WorkerStartError if any
@@ -513,6 +641,23 @@ class WorkerGroup:
         self._signal_all(signal.SIGKILL, late)
         await self._wait_gone(late, KILL_WAIT)
         await self._drain()
+        await self._close_keeper()
+
+    async def _close_keeper(self) -> None:
+        """Close our end of the keeper's socket and wait for it to exit: it ends whatever is
+        left of the tree first (nothing, after a stop that went well)."""
+        handle = self._keeper
+        if handle is None:
+            return
+        handle.closing = True
+        if handle.channel is not None:
+            handle.channel.close()
+        if handle.process is not None:
+            _, pending = await asyncio.wait([handle.exited], timeout=KILL_WAIT)
+            if pending:
+                log.error("the keeper process %d did not exit %.0f s after the workers' stop; "
+                          "killing it", handle.pid, KILL_WAIT)
+            handle.process.close()  # kills it if it is still there
 
     def _find_strays(self) -> dict[int, psutil.Process]:
         """Processes of the workers' trees other than the workers themselves.
@@ -530,11 +675,19 @@ class WorkerGroup:
             with contextlib.suppress(psutil.Error):
                 for child in psutil.Process(w.pid).children(recursive=True):
                     found[child.pid] = child
+        handle = self._keeper
+        if handle is not None and handle.pid and not handle.exited.done():
+            # The keeper is the tree's subreaper: its descendants are the whole tree.
+            with contextlib.suppress(psutil.Error):
+                for proc in psutil.Process(handle.pid).children(recursive=True):
+                    if proc.pid not in worker_pids:
+                        found[proc.pid] = proc
+        keeper_pid = handle.pid if handle is not None else 0
         markers = {str(w.error_file) for w in self._workers}
         uid = os.getuid()
         for proc in psutil.process_iter(["uids"]):
             pid = proc.pid
-            if pid in found or pid in worker_pids or pid == me:
+            if pid in found or pid in worker_pids or pid in (me, keeper_pid):
                 continue
             try:
                 uids = proc.info["uids"]
@@ -604,25 +757,14 @@ class WorkerGroup:
                 for fut in pending:
                     fut.cancel()
         for w in self._workers:
-            if w.transport is not None:
-                w.transport.close()  # every process is gone; this only releases the pipes
+            for pipe in w.pipes:
+                pipe.close()  # every process is gone; this only releases the pipes
             w.logs.close()
         if self.state is WorkerState.HEALTHY:
             self.state = WorkerState.STOPPED
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-_PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: if the agent dies without stopping us (SIGKILL, OOM), the
-    kernel sends SIGKILL, so a lost host leaves no orphan worker behind."""
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-
 
 def _signal_number(sig: int | str) -> int:
     if isinstance(sig, str):
@@ -682,17 +824,6 @@ def _error_message(data: Mapping[str, Any]) -> str:
     if isinstance(msg, Mapping):
         msg = msg.get("message")
     return msg if isinstance(msg, str) else ""
-
-
-def _pipe_inodes(transport: asyncio.SubprocessTransport) -> set[int]:
-    inodes = set()
-    for fd in (1, 2):
-        pipe = transport.get_pipe_transport(fd)
-        f = pipe.get_extra_info("pipe") if pipe is not None else None
-        if f is not None:
-            with contextlib.suppress(OSError, ValueError):
-                inodes.add(os.fstat(f.fileno()).st_ino)
-    return inodes
 
 
 def _pipe_holders(inodes: set[int]) -> dict[int, psutil.Process]:

@@ -1,0 +1,345 @@
+"""The keeper: one small process per worker group and attempt that takes the group's whole
+process tree with it when the agent goes away, however it goes.
+
+Why: PR_SET_PDEATHSIG is per process. With it, a SIGKILLed agent takes its workers, but their
+own children (a ``subprocess.Popen``, a ``setsid`` helper, a daemon) used to be left to init.
+
+How: the agent starts the keeper (``python -I -S keeper.py FD``: stdlib only, no site, about
+10 MiB and 20-30 ms) with one end of a socket pair; the other end is the agent's, close-on-exec
+and never inherited, so it closes exactly when the agent is gone. Over it the agent sends the
+workers to start (argv, environment, the write ends of their stdout and stderr pipes) and the
+keeper answers with each pid (or the exec's errno) and, the moment it reaps one, its exit
+status. It starts each worker as ``subprocess`` would with ``start_new_session=True`` and a
+PR_SET_PDEATHSIG preexec: own session, stdin on /dev/null, every other descriptor closed,
+SIGPIPE and SIGXFSZ back to default, and otherwise the signal dispositions the agent gave it.
+
+The keeper is a child subreaper (``PR_SET_CHILD_SUBREAPER``): a process of the tree whose
+parent dies is reparented to the keeper instead of init, so the keeper's descendants are the
+whole tree, whatever sessions, process groups, environments or descriptors they have. At EOF
+on its socket (the agent exited, was SIGKILLed, or closed it after a stop) it SIGKILLs every
+descendant, reaps until it has no child left (a process forked meanwhile is reparented to it
+and caught on the next round), and exits. It ignores SIGTERM, SIGINT, SIGHUP and SIGQUIT: a signal
+sent to a whole service reaches the agent too, and the agent, not the keeper, decides how the
+workers stop (SIGTERM and the shutdown timeout first).
+
+Covered: every descendant of the workers, in their session or not (``setsid``, double-forked
+daemons with an empty environment and no descriptors), as long as the keeper lives. Not
+covered: a process that is no descendant (one the job had another daemon start:
+``systemd-run``, ``docker run``, ssh); one in uninterruptible sleep, until it wakes; one the
+keeper may not signal (a setuid program when the agent is not root); and the tree of a
+SIGKILLed keeper itself (OOM killer, ``kill -9``): its workers still die (their PDEATHSIG
+names the keeper) and the agent reports them killed, but their children go to init, where
+only the agent's next stop may find them (by the error file path in their environment).
+
+Why not cgroup v2's ``cgroup.kill``: it needs a delegated cgroup (not there on hosts with a v1
+hierarchy, nor for most unprivileged users) and still a living process to write to it.
+"""
+
+from __future__ import annotations
+
+# The C half of `signal`: the same functions and numbers without `enum`, which would cost a
+# third of the keeper's start-up, and the start-up is on every restart's path.
+import _signal as signal
+import ctypes
+import errno
+import marshal
+import os
+import select
+import sys
+
+#: keeper -> agent: ``(STARTED, index, pid)``, ``(FAILED, index, errno)`` when the worker
+#: could not be executed (nothing after it is started), ``(EXITED, index, returncode)``
+#: with a negative return code for a signal, as subprocess has it.
+STARTED = "started"
+FAILED = "failed"
+EXITED = "exited"
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_LEN = 4
+#: The signals the agent stops on by default (``--signals-to-handle``, as torchrun's): the
+#: agent decides what they do to the workers, so the keeper ignores them.
+_IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+_WATCHED = (*_IGNORED, signal.SIGCHLD)
+
+
+def frame(message: object) -> bytes:
+    """One message on the socket: a length, then its ``marshal`` form (both ends run the same
+    interpreter, and nothing else can reach the socket)."""
+    payload = marshal.dumps(message)
+    return len(payload).to_bytes(_LEN, "big") + payload
+
+
+class Unframer:
+    """Bytes from the socket -> the messages completed by them."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[object]:
+        self._buf += data
+        out = []
+        while len(self._buf) >= _LEN:
+            size = int.from_bytes(self._buf[:_LEN], "big")
+            if len(self._buf) < _LEN + size:
+                break
+            out.append(marshal.loads(bytes(self._buf[_LEN:_LEN + size])))
+            del self._buf[:_LEN + size]
+        return out
+
+
+def _read_message(fd: int, unframer: Unframer) -> object | None:
+    """The next whole message from ``fd`` (blocking), or None at EOF."""
+    while True:
+        try:
+            data = os.read(fd, 1 << 16)
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            return None
+        messages = unframer.feed(data)
+        if messages:
+            return messages[0]
+
+
+class _Keeper:
+    def __init__(self, ctl: int) -> None:
+        self.ctl = ctl
+        self.me = os.getpid()
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.workers: dict[int, int] = {}  # pid -> index
+        self.agent_gone = False
+        # What the workers must inherit: the agent's dispositions, not the keeper's. Only an
+        # ignored signal survives exec; the two Python ignores go back to default, as with
+        # subprocess's restore_signals.
+        self.restore = {s: signal.SIG_IGN if signal.getsignal(s) == signal.SIG_IGN
+                        else signal.SIG_DFL for s in _WATCHED}
+        self.restore[signal.SIGPIPE] = signal.SIG_DFL
+        if hasattr(signal, "SIGXFSZ"):
+            self.restore[signal.SIGXFSZ] = signal.SIG_DFL
+
+    def send(self, message: object) -> None:
+        if self.agent_gone:
+            return
+        data = frame(message)
+        try:
+            while data:
+                data = data[os.write(self.ctl, data):]
+        except OSError:
+            self.agent_gone = True
+
+    def run(self) -> int:
+        if self.libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            print(f"elastic-agent keeper: cannot become a child subreaper: "
+                  f"{os.strerror(ctypes.get_errno())}", file=sys.stderr)
+        for sig in _IGNORED:
+            signal.signal(sig, signal.SIG_IGN)
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        # A handler (not SIG_DFL) so that SIGCHLD writes to the wakeup pipe.
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+
+        unframer = Unframer()
+        spec = _read_message(self.ctl, unframer)
+        if spec is None:
+            self.kill_tree()
+            return 0
+        assert isinstance(spec, list)
+        failed = False
+        for index, (argv, env, out_fd, err_fd) in enumerate(spec):
+            if not failed and not self.agent_gone:
+                pid, err = self.spawn(argv, env, out_fd, err_fd)
+                if err:
+                    self.send((FAILED, index, err))
+                    failed = True  # the agent stops the group: start no more of it
+                else:
+                    self.workers[pid] = index
+                    self.send((STARTED, index, pid))
+            # From here on the pipes are the workers' alone: their EOF is the tree's.
+            os.close(out_fd)
+            os.close(err_fd)
+
+        poller = select.poll()
+        poller.register(self.ctl, select.POLLIN)
+        poller.register(wake_r, select.POLLIN)
+        while not self.agent_gone:
+            self.reap(block=False)
+            if self.agent_gone:
+                break
+            for fd, _ in poller.poll():
+                if fd == wake_r:
+                    while True:
+                        try:
+                            if not os.read(wake_r, 512):
+                                break
+                        except BlockingIOError:
+                            break
+                elif not _more_from(self.ctl, unframer):
+                    self.agent_gone = True
+        self.kill_tree()
+        return 0
+
+    def spawn(self, argv: list[bytes], env: dict[bytes, bytes], out_fd: int,
+              err_fd: int) -> tuple[int, int]:
+        """Fork and exec one worker; its pid and 0, or -1 and the errno of the failed exec."""
+        err_r, err_w = os.pipe()  # close-on-exec: EOF without data means the exec worked
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child, until exec
+            code = 0
+            try:
+                signal.set_wakeup_fd(-1)
+                for sig, disposition in self.restore.items():
+                    signal.signal(sig, disposition)
+                os.setsid()
+                # If the keeper is gone, nobody could stop this worker: don't start it.
+                self.libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+                if os.getppid() != self.me:
+                    os._exit(1)
+                os.dup2(out_fd, 1)
+                os.dup2(err_fd, 2)
+                os.closerange(3, err_w)
+                os.closerange(err_w + 1, os.sysconf("SC_OPEN_MAX"))
+                os.execvpe(argv[0], argv, env)
+            except (OSError, ValueError) as exc:  # ValueError: e.g. "=" in a variable's name
+                code = getattr(exc, "errno", None) or errno.EINVAL
+            finally:
+                try:
+                    os.write(err_w, str(code or 1).encode())
+                finally:
+                    os._exit(127)
+        os.close(err_w)
+        chunks = []
+        while chunk := os.read(err_r, 64):
+            chunks.append(chunk)
+        os.close(err_r)
+        if chunks:
+            os.waitpid(pid, 0)
+            return -1, int(b"".join(chunks))
+        return pid, 0
+
+    def reap(self, block: bool) -> bool:
+        """Reap every exited child (reporting workers' exits); False once none is left."""
+        flags = 0 if block else os.WNOHANG
+        while True:
+            try:
+                pid, status = os.waitpid(-1, flags)
+            except ChildProcessError:
+                return False
+            if pid == 0:
+                return True
+            index = self.workers.pop(pid, None)
+            if index is not None:
+                self.send((EXITED, index, os.waitstatus_to_exitcode(status)))
+            flags = os.WNOHANG
+
+    def kill_tree(self) -> None:
+        """SIGKILL every descendant until there is none: a process forked while this runs is
+        reparented here when its parent dies, and found on the next round."""
+        self.agent_gone = True
+        while True:
+            parents = _parents()
+            tree = _descendants(self.me, parents)
+            for pid in tree:
+                _kill(pid, tree | {self.me})
+            if not self.reap(block=True):
+                return
+
+
+def _more_from(fd: int, unframer: Unframer) -> bool:
+    """Read what the agent sent (nothing is expected after the start); False at EOF."""
+    try:
+        data = os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    if data:
+        unframer.feed(data)
+    return bool(data)
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid for every process in /proc."""
+    parents = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            stat = os.read(fd, 4096)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        # The command name is in parentheses and may hold anything, parentheses included.
+        fields = stat.rpartition(b")")[2].split()
+        if len(fields) > 1:
+            parents[int(name)] = int(fields[1])
+    return parents
+
+
+def _descendants(root: int, parents: dict[int, int]) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _kill(pid: int, tree: set[int]) -> None:
+    """SIGKILL ``pid`` if it is still the process seen in the tree: the pidfd pins it, and its
+    parent is checked again after pinning, so a pid reused meanwhile is left alone."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except (AttributeError, OSError):  # no pidfds (Linux < 5.3): a narrower window remains
+        if _parent_of(pid) in tree:
+            try:  # noqa: SIM105 - no contextlib: the keeper imports as little as it can
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        return
+    try:
+        if _parent_of(pid) in tree:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass
+    finally:
+        os.close(pidfd)
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fields = os.read(fd, 4096).rpartition(b")")[2].split()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return int(fields[1]) if len(fields) > 1 else None
+
+
+def main(argv: list[str]) -> int:
+    """``keeper.py FD``: FD is the keeper's end of the agent's socket pair."""
+    return _Keeper(int(argv[1])).run()
+
+
+if __name__ == "__main__":
+    code = main(sys.argv)
+    sys.stderr.flush()
+    os._exit(code)  # the tree is gone: the agent's stop waits only for the finalizer otherwise
