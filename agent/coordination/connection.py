@@ -14,31 +14,54 @@ A password never leaves this module in clear: every message shows endpoints thro
 may hold any character). The recommended way to give a password is outside argv, where ``ps``
 cannot see it: ``$REDISCLI_AUTH`` or a password file (:func:`with_outside_password`); a
 password that does come in argv is moved out of it at start (:func:`argv_without_passwords`).
+
+High availability: ``redis+sentinel://[user:pass@]host:port[,host:port...]/service[?db=N]``
+(sentinel port 26379 by default; ``rediss+sentinel://`` for TLS to the sentinels and the
+servers alike, with ``rediss://``'s ``ssl_*`` query parameters) names Redis Sentinels and the
+service they watch. A client asks them for the master on every (re)connect and, while it uses
+a connection, every ``MASTER_CHECK_S``; a connection error, READONLY or a blocked read cut by a
+demotion is retried by the usual policy against whatever master they name then. The userinfo
+(or ``$REDISCLI_AUTH``, or the password file) is the master's credential, exactly as for
+``redis://``. Sentinels usually run without a password; ones with a ``requirepass`` of their own
+get ``sentinel_password=`` (and ``sentinel_username=`` for an ACL user) in the query
+(percent-encoded), masked wherever the URL is shown; to keep it out of argv, put the whole URL in
+``$ELASTIC_REDIS_URL``. What a failover loses: replication is asynchronous, so writes the old
+master acknowledged but had not yet sent to a replica; and writes a master demoted while still
+reachable acknowledged before clients moved (within about ``MASTER_CHECK_S`` of the switch).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import re
 import socket
 import string
 import sys
+import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aioredis
-from redis.backoff import ExponentialBackoff
+import redis.asyncio.sentinel
+import redis.connection
+import redis.sentinel
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
 DEFAULT_URL = "redis://127.0.0.1:6379"
 DEFAULT_PORT = 6379
+DEFAULT_SENTINEL_PORT = 26379
 
 _SCHEMES = ("redis://", "rediss://", "unix://")
+SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
+# Query keys meant for the sentinels themselves, not for the master's connections.
+_SENTINEL_AUTH_KEYS = ("sentinel_username", "sentinel_password")
 
 
 class EndpointError(ValueError):
@@ -67,7 +90,8 @@ class Endpoint:
 
 
 def parse_endpoint(value: str | None) -> Endpoint:
-    """Accept ``host``, ``host:port``, ``[v6]:port``, ``redis://``, ``rediss://`` or ``unix://``.
+    """Accept ``host``, ``host:port``, ``[v6]:port``, ``redis://``, ``rediss://``, ``unix://``,
+    or ``redis+sentinel://`` / ``rediss+sentinel://`` (see the module docstring).
 
     ACL user and password go in the URL (``redis://user:pass@host:6379/0``) or, better, outside
     the command line (:func:`with_outside_password`). A password need not be percent-encoded:
@@ -77,6 +101,10 @@ def parse_endpoint(value: str | None) -> Endpoint:
     if value is None or not str(value).strip():
         return Endpoint(DEFAULT_URL)
     value = str(value).strip()
+    if value.startswith(SENTINEL_SCHEMES):
+        ep = _parse_sentinel(value)
+        _remember_url_password(ep.url)
+        return ep
     if value.startswith(_SCHEMES):
         try:
             ep = _parse_url(value)
@@ -98,7 +126,8 @@ def parse_endpoint(value: str | None) -> Endpoint:
         named = f"scheme {scheme!r}" if re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme) else (
             "the scheme")
         raise EndpointError(
-            f"invalid Redis endpoint {shown!r}: {named} is not one of redis://, rediss://, unix://"
+            f"invalid Redis endpoint {shown!r}: {named} is not one of redis://, rediss://, "
+            f"unix://, redis+sentinel://, rediss+sentinel://"
         )
     if "@" in value:
         raise EndpointError(
@@ -149,6 +178,60 @@ def _parse_url(value: str) -> Endpoint:
     return Endpoint(value)
 
 
+def _parse_sentinel(value: str) -> Endpoint:
+    """``value`` as a Sentinel URL, kept as typed but for a percent-encoded userinfo.
+
+    A raw password may hold "/", "?", "#" or "@" and so end the authority early: each "@"
+    is tried as the userinfo's end, the standard reading first, then from the last one; the
+    first reading whose rest is a valid host list and service wins.
+    """
+    shown = redact_endpoint(value)
+    prefix, rest = _split_scheme(value)
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    ends = [i for i, c in enumerate(rest) if c == "@"]
+    standard = authority.rfind("@")
+    readings = [standard] + [i for i in reversed(ends) if i != standard]
+    first_error: EndpointError | None = None
+    for at in readings:
+        userinfo, tail = (rest[:at], rest[at + 1:]) if at >= 0 else ("", rest)
+        try:
+            hosts, service, query = _sentinel_tail(tail, shown)
+        except EndpointError as exc:
+            first_error = first_error or exc
+            continue
+        cred = quote(userinfo, safe=_USERINFO_SAFE) + "@" if at >= 0 else ""
+        hostlist = ",".join(f"{_bracket(h)}:{p}" for h, p in hosts)
+        return Endpoint(f"{prefix}{cred}{hostlist}/{service}" + (f"?{query}" if query else ""))
+    assert first_error is not None
+    raise first_error
+
+
+def _sentinel_tail(tail: str, shown: str) -> tuple[list[tuple[str, int]], str, str]:
+    """``host:port[,host:port...]/service[?query]`` -> (sentinels, service, query)."""
+    usage = (f"invalid Redis endpoint {shown!r}: expected "
+             f"redis+sentinel://[user:password@]host:port[,host:port...]/service[?db=N]")
+    if "#" in tail or "@" in tail.partition("?")[0]:
+        raise EndpointError(usage)
+    hostlist, slash, rest = tail.partition("/")
+    service, _, query = rest.partition("?")
+    if not slash or not re.fullmatch(r"[A-Za-z0-9_.:-]+", service):
+        raise EndpointError(f"{usage} (the service is the name in 'sentinel monitor NAME ...')")
+    hosts = []
+    for item in hostlist.split(","):
+        m = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.%-]+)(?::(\d+))?", item)
+        if m is None:
+            raise EndpointError(usage)
+        port = int(m.group(2)) if m.group(2) else DEFAULT_SENTINEL_PORT
+        if not 0 < port < 65536:
+            raise EndpointError(
+                f"invalid Redis endpoint {shown!r}: the port is not a number from 1 to 65535")
+        hosts.append((m.group(1).strip("[]"), port))
+    for key, val in parse_qsl(query, keep_blank_values=True):
+        if key == "db" and not val.isdigit():
+            raise EndpointError(f"invalid Redis endpoint {shown!r}: db is not a number")
+    return hosts, service, query
+
+
 def _split_host_port(value: str, shown: str) -> tuple[str, int]:
     m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d+))?", value)
     if m:
@@ -184,7 +267,9 @@ _MIN_REMEMBERED = 4  # shorter ones would mask ordinary words and numbers everyw
 
 _SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 # A query password runs to the end: a raw "&" or space in it must not end the redaction.
-_QUERY_PASSWORD_RE = re.compile(r"(?P<k>[?&]password=).*", re.IGNORECASE | re.DOTALL)
+# "sentinel_password=" and "ssl_password=" (a TLS key's) are secrets as much as "password=".
+_QUERY_PASSWORD_RE = re.compile(r"(?P<k>[?&](?:[a-z]+_)?password=).*",
+                                re.IGNORECASE | re.DOTALL)
 _PLAIN_USER_RE = re.compile(r"[A-Za-z0-9._~%!$&'()*+,;=-]*")
 _USERINFO_SAFE = "".join(c for c in string.punctuation if c not in "/?#[]@")
 
@@ -202,13 +287,26 @@ def _remember(password: str) -> None:
 
 
 def _remember_url_password(url: str) -> None:
-    parts = urlsplit(url)
-    if parts.password:
-        _remember(parts.password)
-        _remember(unquote(parts.password))
-    for key, value in parse_qsl(parts.query):
-        if key.lower() == "password":
+    _, password, query = _url_credentials(url)
+    if password:
+        _remember(password)
+        _remember(unquote(password))
+    for key, value in parse_qsl(query):
+        if key.lower().endswith("password"):
             _remember(value)
+
+
+def _url_credentials(url: str) -> tuple[str | None, str | None, str]:
+    """(user, password, query) of a parsed endpoint's URL; user and password still
+    percent-encoded, as ``urlsplit`` gives them."""
+    if not url.startswith(SENTINEL_SCHEMES):
+        parts = urlsplit(url)
+        return parts.username, parts.password, parts.query
+    # urlsplit refuses a host list with an IPv6 address after the first host.
+    authority, _, path = _split_scheme(url)[1].partition("/")
+    userinfo, at, _ = authority.rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    return (user if at else None), (password if colon else None), path.partition("?")[2]
 
 
 def _mask_known(text: str) -> str:
@@ -231,10 +329,14 @@ def _mask_userinfo(userinfo: str) -> str:
     return "***@"
 
 
-def _host_shown(tail: str, schemeless: bool) -> str:
+def _host_shown(tail: str, schemeless: bool, host_list: bool = False) -> str:
     # What follows the userinfo, if it reads as a host and port; else as much of it as does,
     # "***" for the rest: a password typed without its host lands here.
     authority = re.split(r"[/?#]", tail, maxsplit=1)[0]
+    if host_list:  # a Sentinel URL: host:port,host:port...; all of it reads so, or none shows
+        ok = all(re.fullmatch(r"(\[[0-9A-Fa-f:.]*\]|[\w.%-]+)(:\d+)?", item)
+                 for item in authority.split(","))
+        return tail if ok else "***"
     if schemeless and authority.count(":") > 1 and re.fullmatch(r"[0-9A-Fa-f:.]+", authority):
         return tail  # a bare IPv6 address
     m = re.fullmatch(r"(\[[0-9A-Fa-f:.]*\]|[\w.%-]*)(?::(.*))?", authority, re.DOTALL)
@@ -261,7 +363,9 @@ def redact_endpoint(value: str) -> str:
     # A query password first too: an "@" in it must not be taken for the userinfo's end.
     prefix, rest = _split_scheme(_redact_query(_mask_known(str(value))))
     userinfo, at, tail = rest.rpartition("@")
-    return prefix + (_mask_userinfo(userinfo) if at else "") + _host_shown(tail, not prefix)
+    host_list = prefix.startswith(SENTINEL_SCHEMES)
+    return (prefix + (_mask_userinfo(userinfo) if at else "")
+            + _host_shown(tail, not prefix, host_list))
 
 
 def redact(text: str) -> str:
@@ -296,10 +400,16 @@ def _encode_userinfo(value: str) -> str:
 
 def with_password(url: str, password: str) -> str:
     """``url`` with its password replaced, percent-encoded (the user, if any, is kept)."""
+    _remember(password)
+    if url.startswith(SENTINEL_SCHEMES):  # a host list urlsplit may refuse: see _url_credentials
+        prefix, rest = _split_scheme(url)
+        authority, slash, path = rest.partition("/")
+        userinfo, at, hosts = authority.rpartition("@")
+        user = userinfo.partition(":")[0] if at else ""
+        return f"{prefix}{user}:{quote(password, safe='')}@{hosts}{slash}{path}"
     parts = urlsplit(url)
     userinfo, at, hostport = parts.netloc.rpartition("@")
     user = userinfo.partition(":")[0] if at else ""
-    _remember(password)
     netloc = f"{user}:{quote(password, safe='')}@{hostport}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
@@ -336,7 +446,7 @@ def with_outside_password(endpoint: Endpoint, password_file: str | None = None,
     in argv is visible to every user of the host (``ps``); these are not.
     """
     env = os.environ if environ is None else environ
-    if urlsplit(endpoint.url).password:
+    if _url_credentials(endpoint.url)[1]:
         return endpoint
     path = password_file or env.get(PASSWORD_FILE_ENV)
     password = read_password_file(path) if path else env.get(PASSWORD_ENV, "")
@@ -457,6 +567,8 @@ def make_client(
     ep = endpoint if isinstance(endpoint, Endpoint) else parse_endpoint(endpoint)
     kwargs = _client_kwargs(ep, blocking_ms, retries, connect_timeout, socket_timeout,
                             max_connections, Retry)
+    if ep.url.startswith(SENTINEL_SCHEMES):
+        return _sentinel_master(ep, kwargs, asynchronous=False)
     return redis.Redis.from_url(ep.url, **kwargs)
 
 
@@ -475,11 +587,228 @@ def make_async_client(
     ep = endpoint if isinstance(endpoint, Endpoint) else parse_endpoint(endpoint)
     kwargs = _client_kwargs(ep, blocking_ms, retries, connect_timeout, socket_timeout,
                             max_connections, AsyncRetry)
+    if ep.url.startswith(SENTINEL_SCHEMES):
+        return _sentinel_master(ep, kwargs, asynchronous=True)
     return aioredis.Redis.from_url(ep.url, **kwargs)
+
+
+# -- Sentinel -------------------------------------------------------------------------------
+
+
+#: How often a connection in use asks the sentinels whether it still talks to the master.
+#: A master demoted while reachable (a manual ``SENTINEL FAILOVER``, a healed partition) keeps
+#: acknowledging writes until Sentinel reconfigures it, some 10 s later here, and those writes
+#: are then lost with its data set; this bounds that window to about this long.
+MASTER_CHECK_S = 1.0
+# After a check that was slow (sentinels not answering): wait longer, so that unreachable
+# sentinels cost a stall now and then, not one before every command while Redis itself works.
+_MASTER_CHECK_SLOW_S = 0.5
+_MASTER_CHECK_BACKOFF_S = 10.0
+
+
+def _cut_by_demotion(exc: redis.ResponseError) -> bool:
+    # What a blocked XREAD gets when its master turns replica under it (Redis 7.0:
+    # "UNBLOCKED force unblock from blocking operation, instance state changed (master ->
+    # replica?)"): the read was not refused, the server moved, so it is an outage to retry.
+    text = str(exc)
+    return text.startswith("UNBLOCKED") and "instance state changed" in text
+
+
+_MOVED = "the sentinels name another master now (a failover)"
+
+
+def _same_address(address: Any, host: Any, port: Any) -> bool:
+    return (str(address[0]), int(address[1])) == (str(host), int(port))
+
+
+def _next_check(started: float) -> float:
+    now = time.monotonic()
+    return now + (_MASTER_CHECK_BACKOFF_S if now - started > _MASTER_CHECK_SLOW_S
+                  else MASTER_CHECK_S)
+
+
+class _SentinelConnection(redis.sentinel.SentinelManagedConnection):
+    """A connection to the master that the sentinels name, asked again on every (re)connect
+    and every ``MASTER_CHECK_S`` while in use.
+
+    redis-py 8.1 asks them only in ``connect()``; a command retried on the connection it
+    failed on is re-sent through ``send_packed_command``, which redials the address it had:
+    a reader blocked on a master that died retried there forever (seen with retries=-1),
+    never reaching the new master. redis-py turns READONLY from a demoted master into a
+    ConnectionError; this does the same for a blocked read that the demotion cut, which
+    would otherwise reach readers as a plain ResponseError and end them."""
+
+    _check_at = 0.0
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if self._sock and self.connection_pool.is_master and time.monotonic() >= self._check_at:
+            self._check_master()
+        if not self._sock:
+            self.connect()
+            self._check_at = time.monotonic() + MASTER_CHECK_S
+        super().send_packed_command(command, check_health)
+
+    def _check_master(self) -> None:
+        started = time.monotonic()
+        try:
+            address = self.connection_pool.get_master_address()
+        except redis.ConnectionError:
+            # No sentinel answered, or none names a healthy master (a failover under way):
+            # the connection in hand is the best guess until one does.
+            address = None
+        self._check_at = _next_check(started)
+        if address is not None and not _same_address(address, self.host, self.port):
+            # Raised, not redialled in place: the retry policy resends the command, and a
+            # WATCH on this connection fails as it must instead of silently vanishing.
+            self.disconnect()
+            raise redis.ConnectionError(_MOVED)
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().read_response(*args, **kwargs)
+        except redis.ResponseError as exc:
+            if not (self.connection_pool.is_master and _cut_by_demotion(exc)):
+                raise
+            self.disconnect()
+            raise redis.ConnectionError(_MOVED) from None
+
+
+class _SentinelSSLConnection(_SentinelConnection, redis.connection.SSLConnection):
+    pass
+
+
+class _AsyncSentinelConnection(aioredis.sentinel.SentinelManagedConnection):
+    """The asyncio twin of :class:`_SentinelConnection`."""
+
+    _check_at = 0.0
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if (self.is_connected and self.connection_pool.is_master
+                and time.monotonic() >= self._check_at):
+            await self._check_master()
+        if not self.is_connected:
+            await self.connect()
+            self._check_at = time.monotonic() + MASTER_CHECK_S
+        await super().send_packed_command(command, check_health)
+
+    async def _check_master(self) -> None:
+        started = time.monotonic()
+        try:
+            address = await self.connection_pool.get_master_address()
+        except redis.ConnectionError:  # as in the sync twin
+            address = None
+        self._check_at = _next_check(started)
+        if address is not None and not _same_address(address, self.host, self.port):
+            await self.disconnect()
+            raise redis.ConnectionError(_MOVED)
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except redis.ResponseError as exc:
+            if not (self.connection_pool.is_master and _cut_by_demotion(exc)):
+                raise
+            await self.disconnect()
+            raise redis.ConnectionError(_MOVED) from None
+
+
+class _AsyncSentinelSSLConnection(_AsyncSentinelConnection, aioredis.connection.SSLConnection):
+    pass
+
+
+class _SentinelRedis(redis.Redis):
+    """A ``master_for`` client that closes its connections to the sentinels with its own
+    (redis-py leaves those open: the Sentinel object is meant to be shared)."""
+
+    endpoint_display = ""
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            pool = getattr(self, "connection_pool", None)
+            if pool is not None:
+                pool.sentinel_manager.close()
+
+
+class _AsyncSentinelRedis(aioredis.Redis):
+    """The asyncio twin of :class:`_SentinelRedis`."""
+
+    endpoint_display = ""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        try:
+            await super().aclose(close_connection_pool)
+        finally:
+            await self.connection_pool.sentinel_manager.aclose()
+
+
+def _sentinel_master(ep: Endpoint, kwargs: dict[str, Any], *, asynchronous: bool) -> Any:
+    """A client of the master that the sentinels of ``ep`` name, asked again on every new
+    connection, so a failover costs the commands in flight one retry (or a few, while the
+    sentinels agree on the new master: until then there is none to name)."""
+    prefix, rest = _split_scheme(ep.url)
+    authority, _, path = rest.partition("/")
+    userinfo, at, hostlist = authority.rpartition("@")
+    service, _, query = path.partition("?")
+    sentinels = []
+    for item in hostlist.split(","):
+        host, _, port = item.rpartition(":")
+        sentinels.append((host.strip("[]"), int(port)))
+    pairs = parse_qsl(query, keep_blank_values=True)
+    auth = {k: v for k, v in pairs if k in _SENTINEL_AUTH_KEYS}
+    rest_query = urlencode([(k, v) for k, v in pairs if k not in _SENTINEL_AUTH_KEYS])
+    # redis-py's own reading of the credentials and query options, as for redis:// (URL
+    # options win over ours, as in from_url); host and port come from the sentinels.
+    options = redis.connection.parse_url(
+        f"redis://{userinfo + '@' if at else ''}sentinel/" + (f"?{rest_query}" if rest_query else ""))
+    options.pop("host", None)
+    tls = prefix.startswith("rediss")
+    if asynchronous:
+        from redis.asyncio.retry import Retry as AsyncRetry
+
+        sentinel_cls: Any = aioredis.sentinel.Sentinel
+        redis_cls: Any = _AsyncSentinelRedis
+        conn_cls: Any = _AsyncSentinelSSLConnection if tls else _AsyncSentinelConnection
+        retry_cls: Any = AsyncRetry
+        plain_cls: Any = aioredis.Redis
+    else:
+        sentinel_cls, redis_cls, plain_cls = redis.sentinel.Sentinel, _SentinelRedis, redis.Redis
+        conn_cls = _SentinelSSLConnection if tls else _SentinelConnection
+        retry_cls = Retry
+    master_kwargs = {**kwargs, **options}
+    # Redundant with the connection class's own conversion, and meant so: a READONLY that
+    # escaped it would otherwise end the command instead of sending it to the new master.
+    master_kwargs["retry_on_error"] = [*kwargs["retry_on_error"], redis.exceptions.ReadOnlyError]
+    # A sentinel answers at once or not at all: short timeouts, and no retry of one
+    # sentinel, let discovery move on to the next.
+    sentinel_timeout = min(float(kwargs["socket_connect_timeout"]), 2.0)
+    sentinel_kwargs: dict[str, Any] = {
+        "socket_connect_timeout": sentinel_timeout,
+        "socket_timeout": sentinel_timeout,
+        "retry": retry_cls(NoBackoff(), 0),
+        "protocol": 2,
+    }
+    if auth.get("sentinel_username"):
+        sentinel_kwargs["username"] = auth["sentinel_username"]
+    if auth.get("sentinel_password"):
+        sentinel_kwargs["password"] = auth["sentinel_password"]
+    if tls:
+        accepted = inspect.signature(plain_cls.__init__).parameters
+        sentinel_kwargs["ssl"] = True
+        sentinel_kwargs.update({k: v for k, v in options.items()
+                                if k.startswith("ssl_") and k in accepted})
+    manager = sentinel_cls(sentinels, sentinel_kwargs=sentinel_kwargs)
+    client = manager.master_for(service, redis_class=redis_cls, connection_class=conn_cls,
+                                **master_kwargs)
+    client.endpoint_display = redact_endpoint(f"{prefix}{hostlist}/{service}")
+    return client
 
 
 def describe_endpoint(client: redis.Redis) -> str:
     """The endpoint a client talks to, password-free, for messages."""
+    if isinstance(client, (_SentinelRedis, _AsyncSentinelRedis)):
+        return client.endpoint_display
     kw = client.connection_pool.connection_kwargs
     if "path" in kw:
         return f"unix://{kw['path']}"
@@ -490,7 +819,10 @@ def describe_endpoint(client: redis.Redis) -> str:
 def explain_error(exc: BaseException, where: str) -> RedisUnavailableError:
     """Turn a redis-py exception into one clear sentence: which endpoint, what failed, what to try."""
     detail = redact(str(exc)).rstrip(".") or type(exc).__name__
-    if "without any password configured" in detail:
+    if isinstance(exc, (redis.sentinel.MasterNotFoundError,
+                        aioredis.sentinel.MasterNotFoundError)):
+        detail, hint = _explain_no_master(detail)
+    elif "without any password configured" in detail:
         hint = f"this server takes no password: drop it from the URL or unset ${PASSWORD_ENV}"
     elif "NOAUTH" in detail or "Authentication required" in detail:
         hint = f"this server needs a password: give it in ${PASSWORD_ENV} (or in the URL)"
@@ -508,6 +840,24 @@ def explain_error(exc: BaseException, where: str) -> RedisUnavailableError:
     return RedisUnavailableError(f"cannot reach Redis at {redact(where)}: {detail}; {hint}")
 
 
+def _explain_no_master(detail: str) -> tuple[str, str]:
+    # redis-py names each sentinel that failed by the repr of its client (hundreds of
+    # characters of settings) and each error by its kind only ("network:ConnectionError").
+    failures = re.findall(r"host=([^,)>]+),port=(\d+).*?\)> - (\w+):(\w+)", detail)
+    service = re.search(r"for ('[^']*')", detail)
+    said = f"no sentinel named a master for {service.group(1) if service else 'the service'}"
+    if not failures:
+        return said, ("the sentinels answered but know no healthy master for this service: "
+                      "check the service name (as in 'sentinel monitor NAME ...'), or a "
+                      "failover is under way")
+    said += " (" + ", ".join(f"{h}:{p}: {kind} error" for h, p, kind, _ in failures) + ")"
+    if any(kind == "auth" for _, _, kind, _ in failures):
+        return said, ("the sentinels refused the login: their password goes in the URL as "
+                      "sentinel_password= (the userinfo and $REDISCLI_AUTH are the master's)")
+    return said, ("check that the sentinels run at those addresses (port 26379 unless given) "
+                  "and, for rediss+sentinel://, the TLS settings")
+
+
 def connect(endpoint: Endpoint | str | None, **kwargs: Any) -> redis.Redis:
     """``make_client`` and a PING, so an unreachable server is one clear error up front."""
     ep = endpoint if isinstance(endpoint, Endpoint) else parse_endpoint(endpoint)
@@ -523,5 +873,5 @@ def connect(endpoint: Endpoint | str | None, **kwargs: Any) -> redis.Redis:
 
 def username_of(endpoint: Endpoint) -> str | None:
     """The ACL user named in the URL, if any (for messages and read-only checks)."""
-    user = urlsplit(endpoint.url).username
+    user = _url_credentials(endpoint.url)[0]
     return unquote(user) if user else None
