@@ -52,6 +52,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -86,10 +87,17 @@ from .messages import (
     ReaderFailed,
     WriteAccess,
 )
-from .state import DEFAULT_ALL_SCROLLBACK, DEFAULT_SCROLLBACK, FINAL_STATES, RUNNING, JobView
+from .state import (
+    DEFAULT_ALL_SCROLLBACK,
+    DEFAULT_SCROLLBACK,
+    FINAL_STATES,
+    RUNNING,
+    SUCCEEDED,
+    JobView,
+)
 from .widgets.dialogs import CommandDialog, DetailScreen
 from .widgets.footer import KeyFooter
-from .widgets.header import Banner, JobHeader
+from .widgets.header import ALERT, ENDED_OK, ENDED_OTHERWISE, Banner, JobHeader
 from .widgets.help import HelpScreen, KeyHelp
 from .widgets.log_panel import FilterBar, LogTitle
 from .widgets.log_view import LogView
@@ -368,6 +376,11 @@ class ConsoleApp(App[int]):
                     if isinstance(rec, ConnectionChange):
                         view.set_connection(rec.connected, self.endpoint_display, rec.error)
                         self.post_message(ConnectionChanged(rec.connected, rec.error))
+                        if view.redis_gone:
+                            # Its agent said the server stops with the job: nothing will
+                            # come back to reconnect to.
+                            self.workers.cancel_group(self, "poll")
+                            return
                     else:
                         view.apply(rec)
                         if isinstance(rec, (Event, LogBatch)):
@@ -412,6 +425,7 @@ class ConsoleApp(App[int]):
                 view.apply_resources(await client.resources())
                 if n % META_EVERY == 0:
                     view.apply_meta(await client.meta())
+                    view.apply_liveness(*await client.liveness())
             n += 1
             await asyncio.sleep(POLL_S)  # samples are written once a second
 
@@ -583,9 +597,9 @@ class ConsoleApp(App[int]):
             self.log_view.on_new_lines()
             self.timeline.sync(view)
             self._refresh_blocks()
-        self.banner.show(self._banner_message())
-        self.main_screen.set_class(self.loaded and not view.connected and self.client is not None,
-                                   "-disconnected")
+        self.banner.show(*self._banner())
+        self.main_screen.set_class(self.loaded and not view.connected and self.client is not None
+                                   and not view.redis_gone, "-disconnected")
         if force or now >= self._next_table:
             self._next_table = now + TABLE_S
             full = force or now >= self._next_full
@@ -596,6 +610,20 @@ class ConsoleApp(App[int]):
         self.resources.show(view.ranks.get(self.selected_rank)
                             if self.selected_rank is not None else None)
         self._update_log_title()
+
+    def _banner(self) -> tuple[str | None, str]:
+        """The banner's sentence (None: hidden) and tone."""
+        view = self.view
+        if (not self.reader_error and self.loaded and self.client is not None
+                and view.redis_stops_ms is not None and view.is_final):
+            # Its agent announced that the job's embedded Redis stops: its end is no outage.
+            tone = ENDED_OK if view.state == SUCCEEDED else ENDED_OTHERWISE
+            if not view.connected:
+                return f"job {view.state}; its embedded Redis has stopped (q to leave)", tone
+            left = max(0, math.ceil((view.redis_stops_ms - self.now_ms()) / 1000))
+            return (f"job {view.state}; its embedded Redis stops when you detach (q), "
+                    f"in {left} s at the latest"), tone
+        return self._banner_message(), ALERT
 
     def _banner_message(self) -> str | None:
         # What is being done comes first: the reason can be longer than the screen is wide.

@@ -117,7 +117,8 @@ def _positive_float(value: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line. ``--redis`` is accepted before and after the subcommand."""
-    redis_help = (f"Redis server: host, host:port or redis://[user:password@]host:port/db "
+    redis_help = (f"Redis server: host, host:port, redis://[user:password@]host:port/db, "
+                  f"rediss://, unix:// or redis+sentinel://h1:26379,h2:26379/SERVICE "
                   f"(default ${ENV_URL}, else {DEFAULT_URL}); a password is best given in "
                   f"${PASSWORD_ENV}")
     password_help = (f"file holding the Redis password, used when the URL has none (default "
@@ -316,7 +317,8 @@ async def _ls(ep: Endpoint, args: argparse.Namespace) -> int:
         print(f"no jobs on {ep.display}", file=sys.stderr)
         return EXIT_OK
     _table(["JOB", "STATE", "NODES", "WORLD", "RESTARTS", "AGE"],
-           ([j.job_id, j.state, str(j.nodes), _q(j.world_size),
+           ([j.job_id, j.state if j.lost_for_s is None else f"lost {fmt_age(j.lost_for_s)} ago",
+             str(j.nodes), _q(j.world_size),
              f"{j.restarts_used}/{_q(j.max_restarts)}", fmt_age(j.age_s)] for j in jobs))
     return EXIT_OK
 
@@ -330,6 +332,7 @@ async def _load_view(client: JobClient, *, resources: bool) -> JobView:
     view.apply_events(events)
     if resources:
         view.apply_resources(await client.resources())
+    view.apply_liveness(*await client.liveness())
     view.note_skipped(client.skipped)
     return view
 
@@ -354,6 +357,7 @@ async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
             "world_size": view.world_size, "min_nodes": view.min_nodes,
             "max_nodes": view.max_nodes, "restarts_used": view.restarts_used,
             "max_restarts": view.max_restarts, "created_ms": view.created_ms,
+            "last_heartbeat_ms": view.lost_since_ms,
             "nodes": {n: {"host": i.host, "status": i.status, "group_rank": i.group_rank}
                       for n, i in view.nodes.items()},
             "ranks": [_rank_json(r) for r in ranks],
@@ -361,6 +365,10 @@ async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
         }, default=str))
         return EXIT_OK
     rnd = f" (round {view.round})" if view.round is not None else ""
+    if view.lost_since_ms is not None and not view.is_final:
+        quiet = (view.liveness_ms - view.lost_since_ms) / 1000
+        rnd += (f": no agent has sent a heartbeat for {fmt_age(max(0.0, quiet))}"
+                if view.lost_since_ms else ": no agent heartbeats")
     _out(f"job       {job}: {view.state}{rnd}")
     _out(f"redis     {ep.display}")
     active = view.active_nodes()

@@ -108,12 +108,14 @@ class JobSummary:
     max_restarts: int | None
     created_ms: int
     age_s: float
+    lost_for_s: float | None = None  # state "lost": seconds since the last heartbeat
 
     def to_json(self) -> dict[str, Any]:
         return {"job": self.job_id, "state": self.state, "nodes": self.nodes,
                 "world_size": self.world_size, "restarts_used": self.restarts_used,
                 "max_restarts": self.max_restarts, "created_ms": self.created_ms,
-                "age_s": round(self.age_s, 3)}
+                "age_s": round(self.age_s, 3),
+                "lost_for_s": None if self.lost_for_s is None else round(self.lost_for_s, 3)}
 
 
 @dataclass(frozen=True)
@@ -221,19 +223,21 @@ class JobClient:
                 pipe.xrevrange(k.events, count=LIST_EVENTS_PER_JOB)
                 pipe.get(k.restarts)
                 pipe.get(k.rdzv_round_info)
+                pipe.zrevrange(k.rdzv_heartbeats, 0, 0, withscores=True)
             # A job whose keys hold the wrong types must not hide every other job.
             replies = await pipe.execute(raise_on_error=False) if jobs else []
-        _raise_outage(replies)
+            _raise_outage(replies)
         out = []
         for i, (job, _, score) in enumerate(jobs):
-            meta, events, restarts, round_raw = (
-                None if isinstance(r, Exception) else r for r in replies[4 * i: 4 * i + 4])
+            meta, events, restarts, round_raw, beat = (
+                None if isinstance(r, Exception) else r for r in replies[5 * i: 5 * i + 5])
             view = JobView(job, scrollback=1)
             view.apply_meta(meta or {})
             for entry_id, fields in reversed(events if isinstance(events, list) else []):
                 ev = decode_event(entry_id, fields)
                 if ev is not None:
                     view.apply_event(ev)
+            view.apply_liveness(_newest_beat(beat), now_ms)
             rnd = _round_info(round_raw)
             nodes = len(view.active_nodes()) or (len(rnd.nodes) if rnd else 0)
             world = view.world_size if view.world_size is not None else (
@@ -241,8 +245,16 @@ class JobClient:
             used = max(view.restarts_used, _int(restarts))
             created = view.created_ms or int(score)
             out.append(JobSummary(job, view.state, nodes, world, used, view.max_restarts,
-                                  created, max(0.0, (now_ms - created) / 1000.0)))
+                                  created, max(0.0, (now_ms - created) / 1000.0),
+                                  _lost_for(view, now_ms)))
         return out
+
+    async def liveness(self) -> tuple[int | None, int]:
+        """The newest heartbeat of any of the job's agents (server ms; None if there is none)
+        and the server's time now, for :meth:`JobView.apply_liveness`."""
+        with self._errors():
+            beat = await self._client.zrevrange(self.keys.rdzv_heartbeats, 0, 0, withscores=True)
+            return _newest_beat(beat), await self._server_ms()
 
     async def job_exists(self) -> bool:
         """True if the job is in the job index or has a meta hash or an event stream."""
@@ -669,6 +681,23 @@ def _raise_outage(replies: list[Any]) -> None:
     for r in replies:
         if isinstance(r, Exception) and not _is_wrongtype(r):
             raise r
+
+
+def _newest_beat(reply: Any) -> int | None:
+    """Server ms of the newest heartbeat from a ZREVRANGE ... WITHSCORES reply."""
+    try:
+        return int(reply[0][1]) if reply else None
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def _lost_for(view: JobView, now_ms: int) -> float | None:
+    """Seconds since the last heartbeat of a lost job (None unless lost; since it was
+    created when no heartbeat is left at all)."""
+    if view.lost_since_ms is None or view.is_final:
+        return None
+    since = view.lost_since_ms or view.created_ms or now_ms
+    return max(0.0, (now_ms - since) / 1000.0)
 
 
 def _round_info(raw: Any) -> RoundInfo | None:

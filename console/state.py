@@ -91,6 +91,10 @@ log = logging.getLogger(__name__)
 
 #: Job states.
 WAITING, RUNNING, RESTARTING = "waiting", "running", "restarting"
+#: Shown instead of the folded state while no agent of an unfinished job is heartbeating.
+LOST = "lost"
+#: The rendezvous default, for jobs whose meta does not say (older agents).
+DEFAULT_HEARTBEAT_TIMEOUT_MS = 10_000
 FAILED, SUCCEEDED, STOPPED = "failed", "succeeded", "stopped"
 FINAL_STATES = frozenset({FAILED, SUCCEEDED, STOPPED})
 
@@ -204,7 +208,8 @@ class JobView:
 
     Header: ``state``, ``round``, ``nodes`` (node id -> :class:`NodeInfo`), ``min_nodes``,
     ``max_nodes``, ``world_size``, ``restarts_used``, ``max_restarts``, ``root_cause``,
-    ``created_ms``, ``connected``, ``endpoint``, ``connection_error``.
+    ``created_ms``, ``connected``, ``endpoint``, ``connection_error``, ``redis_stops_ms``
+    (see :attr:`redis_gone`).
     Ranks: ``ranks`` (global rank -> :class:`RankState`).
     Timeline: ``timeline``, a deque of :class:`TimelineEntry` bounded by ``timeline_limit``,
     oldest first; ``timeline_total`` counts every entry ever added (a UI that remembers it
@@ -224,7 +229,12 @@ class JobView:
         # The interleaved ring holds at least one rank's worth (a 1-rank job loses nothing).
         self.all_scrollback = max(self.scrollback, int(all_scrollback or DEFAULT_ALL_SCROLLBACK))
         # -- header
-        self.state: str = WAITING
+        self._state: str = WAITING
+        self.heartbeat_timeout_ms = DEFAULT_HEARTBEAT_TIMEOUT_MS
+        #: Server ms of the last heartbeat of an unfinished job none of whose agents beats any
+        #: more (0: none was ever seen); None while the job is alive or final.
+        self.lost_since_ms: int | None = None
+        self.liveness_ms = 0  # server time of the last apply_liveness
         self.round: int | None = None
         self.nodes: dict[str, NodeInfo] = {}
         self.min_nodes: int | None = None
@@ -237,6 +247,9 @@ class JobView:
         self.connected: bool = False
         self.endpoint: str = ""
         self.connection_error: str = ""
+        #: Server ms by which the job's embedded Redis (--standalone) stops, as its agent
+        #: announced after the job ended (``redis_stopping``); None when none was announced.
+        self.redis_stops_ms: int | None = None
         self.last_event_ms: int = 0
         # -- ranks, timeline, logs
         self.ranks: dict[int, RankState] = {}
@@ -259,9 +272,37 @@ class JobView:
 
     # -- queries ---------------------------------------------------------------------------
     @property
+    def state(self) -> str:
+        """The job's state as events and meta tell it, or ``lost`` while no agent of the
+        unfinished job heartbeats (see :meth:`apply_liveness`)."""
+        if self.lost_since_ms is not None and self._state not in FINAL_STATES:
+            return LOST
+        return self._state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        self._state = value
+
+    @property
     def is_final(self) -> bool:
         """True once the job succeeded, failed or was stopped."""
-        return self.state in FINAL_STATES
+        return self._state in FINAL_STATES
+
+    def apply_liveness(self, last_heartbeat_ms: int | None, now_ms: int) -> None:
+        """Fold the newest heartbeat of any of the job's agents (None: there is none) at
+        server time ``now_ms``: older than the heartbeat timeout means every agent is gone."""
+        self.liveness_ms = now_ms
+        lost = last_heartbeat_ms is None or now_ms - last_heartbeat_ms > self.heartbeat_timeout_ms
+        since = (last_heartbeat_ms or 0) if lost else None
+        if since != self.lost_since_ms:
+            self.lost_since_ms = since
+            self.version += 1
+
+    @property
+    def redis_gone(self) -> bool:
+        """The job ended and its embedded Redis stopped as its agent announced: the lost
+        connection is the end of the story, not an outage to ride out."""
+        return self.redis_stops_ms is not None and self.is_final and not self.connected
 
     def acks_for(self, command_id: str) -> list[tuple[str, str, str]]:
         """``(node, status, reason)`` of every ack of ``command_id`` seen, in arrival order."""
@@ -365,6 +406,9 @@ class JobView:
         self.max_nodes = _int(m.get("max_nodes"), self.max_nodes)
         self.max_restarts = _int(m.get("max_restarts"), self.max_restarts)
         self.created_ms = _int(m.get("created_ms"), self.created_ms)
+        timeout = _int(m.get("heartbeat_timeout_ms"), None)
+        if timeout is not None and timeout > 0:
+            self.heartbeat_timeout_ms = timeout
         used = _int(m.get("restarts_used"), None)
         if used is not None:
             self.restarts_used = max(self.restarts_used, used)
@@ -548,8 +592,9 @@ class JobView:
             self.world_size = world
             for rank in [r for r in self.ranks if r >= world]:
                 del self.ranks[rank]
+        again = " (announced again: Redis had lost the job)" if d.get("restored") is True else ""
         self._note(ev, "rendezvous", f"round {self.round} complete: {len(members)} node"
-                   f"{'' if len(members) == 1 else 's'}, world size {self.world_size}",
+                   f"{'' if len(members) == 1 else 's'}, world size {self.world_size}{again}",
                    "\n".join(lines))
 
     def _on_workers_started(self, ev: Event, node: str, d: dict[str, Any]) -> None:
@@ -565,11 +610,15 @@ class JobView:
             rs = self.ranks.get(rank)
             if rs is None:
                 rs = self.ranks[rank] = RankState(rank)
+            pid = _int(pids[i], None) if i < len(pids) else None
+            # The same workers announced again after Redis lost the job: not a new start.
+            again = d.get("restored") is True and rs.state == RUNNING and rs.pid == pid
             rs.node, rs.host, rs.state = node, host, RUNNING
             rs.local_rank = _int(local[i], None) if i < len(local) else None
-            rs.pid = _int(pids[i], None) if i < len(pids) else None
-            rs.starts += 1
-            rs.restarts = rs.starts - 1
+            rs.pid = pid
+            if not again:
+                rs.starts += 1
+                rs.restarts = rs.starts - 1
         used = _int(d.get("restart_count"), None)
         if used is not None:
             self.restarts_used = used
@@ -665,6 +714,17 @@ class JobView:
         host = d.get("host") or self._host_of(node)
         self._note(ev, "ack", f"command {cid} {status} by {host}" + (f": {reason}" if reason else ""))
 
+    def _on_redis_stopping(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        final = d.get("final_state")
+        if isinstance(final, str) and final in FINAL_STATES and not self.is_final:
+            self.state = final  # the job's own end event may have been trimmed away
+        linger = _float(d.get("linger_s"), None)
+        if linger is None or not 0 <= linger <= 86_400:  # NaN and absurd values included
+            linger = 0.0
+        self.redis_stops_ms = ev.server_ms + int(linger * 1000)
+        self._note(ev, "job", f"the job's embedded Redis (--standalone) stops once no console "
+                   f"is attached, in {linger:g} s at the latest")
+
     def _on_logs_dropped(self, ev: Event, node: str, d: dict[str, Any]) -> None:
         count = _int(d.get("count"), 0) or 0
         self.lines_dropped += count
@@ -686,6 +746,7 @@ class JobView:
         EventType.JOB_STOPPED: _on_job_end,
         EventType.COMMAND_ACK: _on_command_ack,
         EventType.LOGS_DROPPED: _on_logs_dropped,
+        EventType.REDIS_STOPPING: _on_redis_stopping,
     }
 
 

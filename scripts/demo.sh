@@ -24,9 +24,12 @@ if [ -t 0 ] && [ -t 1 ] && python -c "import elastic_console.app" 2>/dev/null; t
   if [ -z "$url" ]; then
     cat "$log"; echo "demo: the agent did not start its Redis" >&2; exit 1
   fi
+  # After the job ends the agent keeps its Redis up while the console stays attached (up to
+  # ELASTIC_STANDALONE_LINGER seconds): the console shows the end, then that Redis stopped.
   elastic-console attach "$job" --redis "$url" || true
-  echo "detached; the job goes on until it ends (agent output in $log)"
-  wait "$agent"; code=$?
+  echo "detached (agent output in $log); waiting for the agent to exit"
+  code=0
+  wait "$agent" || code=$?
   tail -n 25 "$log"
   exit $code
 else

@@ -25,25 +25,31 @@ def require_tmux() -> None:
 
 
 class Tmux:
+    """A tmux server of its own (``-L``): sessions of other tests or of a user's tmux, and
+    their options, cannot change this one's size."""
+
     def __init__(self, command: list[str], width: int = 180, height: int = 48) -> None:
         self.name = f"ec-{uuid.uuid4().hex[:8]}"
-        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(width),
-                        "-y", str(height), *command], check=True)
+        self._tmux = ["tmux", "-L", self.name]
+        # pytest exports COLUMNS/LINES (80x24): the console would believe them over the pane.
+        subprocess.run([*self._tmux, "new-session", "-d", "-s", self.name, "-x", str(width),
+                        "-y", str(height), "env", "-u", "COLUMNS", "-u", "LINES", *command],
+                       check=True)
 
     def screen(self) -> str:
-        p = subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name],
+        p = subprocess.run([*self._tmux, "capture-pane", "-p", "-t", self.name],
                            capture_output=True, text=True)
         return p.stdout
 
     def keys(self, *keys: str) -> None:
-        subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
+        subprocess.run([*self._tmux, "send-keys", "-t", self.name, *keys], check=True)
 
     def alive(self) -> bool:
-        return subprocess.run(["tmux", "has-session", "-t", self.name],
+        return subprocess.run([*self._tmux, "has-session", "-t", self.name],
                               capture_output=True).returncode == 0
 
     def kill(self) -> None:
-        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+        subprocess.run([*self._tmux, "kill-server"], capture_output=True)
 
 
 def restarts_by_command(r, job: str) -> int:

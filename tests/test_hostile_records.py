@@ -256,7 +256,8 @@ def test_the_console_reader_survives_junk_and_shows_the_count(redis_url, r, job_
             await until(lambda: app.loaded, "the history")
             assert app.view.state == "succeeded"
             await until(lambda: app.view.skipped >= 5, "the skipped count")
-            assert "unreadable record" in app.header._shown
+            await until(lambda: "unreadable record" in (app.header._shown or ""),
+                        "the count in the header")
             # New junk and a new good line after the attach: the reader goes on.
             keys = JobKeys(job_id)
             r.xadd(keys.events, {"v": "1", "type": EventType.NODE_LOST, "node": "n1",

@@ -281,12 +281,16 @@ class EventType:
     JOB_STOPPED = "job_stopped"  # command_id, issuer
     COMMAND_ACK = "command_ack"  # command_id, status (accepted|rejected|done), reason
     LOGS_DROPPED = "logs_dropped"  # count (lines lost to a full outage buffer)
+    # final_state, linger_s: the job ended and its embedded Redis (--standalone) stops, at the
+    # latest linger_s seconds after this event, earlier once no console is attached: a reader
+    # that then loses the server knows it is gone for good, not an outage.
+    REDIS_STOPPING = "redis_stopping"
 
     ALL = frozenset(
         {
             NODE_JOINED, NODE_LEFT, NODE_LOST, RENDEZVOUS_COMPLETE, WORKERS_STARTED,
             WORKER_EXITED, GROUP_FAILED, RESTARTING, WORKERS_STOPPED, JOB_SUCCEEDED,
-            JOB_FAILED, JOB_STOPPED, COMMAND_ACK, LOGS_DROPPED,
+            JOB_FAILED, JOB_STOPPED, COMMAND_ACK, LOGS_DROPPED, REDIS_STOPPING,
         }
     )
 

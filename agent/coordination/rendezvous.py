@@ -186,11 +186,15 @@ local function set_deadline(value)
   end
 end
 
-local function state()
+-- floor: the round a caller wants at least. A state lost with its Redis (a restart without
+-- persistence, FLUSHALL) starts again there, never at 0: round numbers name attempts.
+local function state(floor)
   local s = redis.call('HMGET', K_STATE, 'round', 'status', 'closed', 'deadline')
   if not s[1] then
-    redis.call('HSET', K_STATE, 'round', 0, 'status', 'open', 'closed', 0, 'deadline', 0, 'seq', 0)
-    return 0, 'open', false, 0
+    floor = floor or 0
+    redis.call('HSET', K_STATE, 'round', floor, 'status', 'open', 'closed', 0, 'deadline', 0,
+               'seq', 0)
+    return floor, 'open', false, 0
   end
   return tonumber(s[1]), s[2], s[3] == '1', tonumber(s[4])
 end
@@ -282,7 +286,7 @@ local node, desc = ARGV[1], ARGV[2]
 local min, max = tonumber(ARGV[3]), tonumber(ARGV[4])
 local last_call, hbt, want = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local now = now_ms()
-local round, status, closed = state()
+local round, status, closed = state(want)
 if closed then return {'closed', round, now, 0, last_notify_id(), '', '0-0'} end
 redis.call('ZADD', K_HB, now, node)
 redis.call('HSET', K_NODES, node, desc)
@@ -322,11 +326,34 @@ return {'open', round, now, next_wake(now, hbt), last_notify_id(),
         cjson.encode({members = members, deadline = deadline}), last_id(K_JOINS)}
 """
 
-# ARGV: node
+# ARGV: node, its description, the round it runs in (JSON as completed, '' before any).
+# Returns {now, restored}. A node that finds the rendezvous gone while it runs a round puts
+# that round back as it was (every member keeps the same copy, so the first to beat wins and
+# the rest find it there), with a fresh heartbeat for every member: they are running, and
+# would otherwise all look lost at once.
 _HEARTBEAT = _PRELUDE + """
+local node, desc, round_json = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
-redis.call('ZADD', K_HB, now, ARGV[1])
-return now
+local restored = 0
+if round_json ~= '' and redis.call('EXISTS', K_STATE) == 0 then
+  local r = cjson.decode(round_json)
+  redis.call('DEL', K_RANKS, K_MEMBERS, K_WAITING, K_LEFT, K_LOST)
+  for _, n in ipairs(r['nodes']) do
+    redis.call('HSET', K_RANKS, n['node'], n['group_rank'])
+    redis.call('ZADD', K_MEMBERS, n['group_rank'], n['node'])
+    redis.call('ZADD', K_HB, now, n['node'])
+    local d = {}
+    for k, v in pairs(n) do if k ~= 'group_rank' then d[k] = v end end
+    redis.call('HSETNX', K_NODES, n['node'], cjson.encode(d))
+  end
+  redis.call('SET', K_ROUND, round_json)
+  redis.call('HSET', K_STATE, 'round', r['round'], 'status', 'complete', 'closed', 0,
+             'deadline', 0, 'seq', #r['nodes'])
+  restored = 1
+end
+if desc ~= '' then redis.call('HSETNX', K_NODES, node, desc) end
+redis.call('ZADD', K_HB, now, node)
+return {now, restored}
 """
 
 # ARGV: node, min
@@ -359,6 +386,12 @@ _MEMBERSHIP = _PRELUDE + """
 local hbt, mark = tonumber(ARGV[1]), ARGV[2] == '1'
 
 local now = now_ms()
+if redis.call('EXISTS', K_STATE) == 0 then
+  -- Lost with its Redis: say so, and leave it to a member's heartbeat to put the round back
+  -- (creating a fresh round 0 here would stop it from ever being restored).
+  return cjson.encode({round = 0, status = 'gone', closed = false, members = {}, live = {},
+    lost = {}, newly_lost = {}, left = {}, waiting = {}, now = now})
+end
 local round, status, closed = state()
 local members, lost, newly = {}, {}, {}
 if status == 'complete' then
@@ -426,6 +459,12 @@ class RedisRendezvous:
         self._close = c.register_script(_CLOSE)
         self._membership = c.register_script(_MEMBERSHIP)
         self._last_round: int | None = None  # the last round this node completed
+        # That round as Redis completed it, and this node's description: what a heartbeat puts
+        # back if Redis comes back empty.
+        self._round_json: bytes = b""
+        self._desc = ""
+        #: How many times this node put the rendezvous back after finding it gone.
+        self.restorations = 0
         self._stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -490,10 +529,11 @@ class RedisRendezvous:
                     "new --job-id to run it again"
                 )
             if status == "complete":
-                info = RoundInfo.decode(payload)
+                info = _decode_round(payload)
                 rank = info.rank_of(self.node_id)
                 if rank is not None:
                     self._last_round = info.round
+                    self._round_json, self._desc = payload, desc
                     addr, port = info.master()
                     return RendezvousResult(info.round, rank, info.world_size, addr, port, info)
                 continue  # completed without us (we were purged): join the next one
@@ -528,6 +568,8 @@ class RedisRendezvous:
             self._client.hsetnx(self.keys.meta, "created_ms", now_ms)
             self._client.hset(self.keys.meta, mapping={
                 "min_nodes": self.settings.min_nodes, "max_nodes": self.settings.max_nodes,
+                # Readers call a job lost when no heartbeat is newer than this.
+                "heartbeat_timeout_ms": int(self.settings.heartbeat_timeout * 1000),
             })
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             raise RendezvousConnectionError(str(explain_error(exc, self.endpoint.display))) from None
@@ -557,7 +599,7 @@ class RedisRendezvous:
             raw = self._client.get(self.keys.rdzv_round_info)
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             raise RendezvousConnectionError(str(explain_error(exc, self.endpoint.display))) from None
-        return [n["node"] for n in RoundInfo.decode(raw).nodes] if raw else []
+        return [n["node"] for n in _decode_round(raw).nodes] if raw else []
 
     def membership(self) -> Membership:
         """The job's rendezvous now, read atomically."""
@@ -632,7 +674,14 @@ class RedisRendezvous:
 
     # -- heartbeats ---------------------------------------------------------------------
     def heartbeat(self) -> None:
-        self._call(self._heartbeat, [self.node_id])
+        """Beat; if Redis lost the rendezvous while this node runs a round, put it back and
+        list the job again (everything a reader needs of the rendezvous)."""
+        _, restored = self._call(self._heartbeat, [self.node_id, self._desc, self._round_json])
+        if restored:
+            self.restorations += 1
+            log.warning("Redis lost the rendezvous of job %s; round %s put back", self.job_id,
+                        self._last_round)
+            self._register_job()
 
     def _start_heartbeats(self) -> None:
         with self._lock:
@@ -650,6 +699,14 @@ class RedisRendezvous:
             except RendezvousConnectionError as exc:
                 # Keep trying: an outage must not make the node look lost once it ends.
                 log.warning("heartbeat failed: %s", exc)
+
+
+def _decode_round(raw: Any) -> RoundInfo:
+    try:
+        return RoundInfo.decode(raw)
+    except protocol.ProtocolError as exc:
+        raise RendezvousError(f"the rendezvous record is unreadable ({exc}): another writer "
+                              "broke the job's keys; start it under a new --job-id") from None
 
 
 def _default_addr() -> str:

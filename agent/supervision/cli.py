@@ -10,20 +10,33 @@ import asyncio
 import dataclasses
 import logging
 import os
+import signal
 import sys
+import time
+from collections.abc import Callable
+from types import FrameType
+
+import redis
 
 from ..coordination.connection import (
     RedisUnavailableError,
     argv_without_passwords,
     connect,
+    make_client,
     parse_endpoint,
     redact,
 )
-from ..coordination.protocol import ProtocolError
+from ..coordination.protocol import EVENTS_MAXLEN, EventType, JobKeys, ProtocolError, encode_event
 from ..coordination.rendezvous import RendezvousConnectionError, RendezvousError
 from ..coordination.text import terminal_line, terminal_lines
 from .config import AgentConfig, UsageError, parse_args
-from .standalone import RedisServer, RedisServerNotFoundError, standalone_port
+from .standalone import RedisServer, RedisServerNotFoundError, other_clients, standalone_port
+
+#: Seconds a --standalone agent keeps its embedded Redis up after the job ended while a console
+#: is attached, so the console can show how the job ended rather than a lost connection.
+LINGER_ENV = "ELASTIC_STANDALONE_LINGER"
+DEFAULT_LINGER_S = 15.0
+_LINGER_POLL_S = 0.2  # a console detaching is seen this late (nothing notifies a disconnect)
 
 
 def _fail(message: str, code: int) -> int:
@@ -56,9 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, handlers=[handler])
     try:
         cfg = parse_args(argv)
+        linger = _linger_seconds(os.environ.get(LINGER_ENV))
     except UsageError as exc:
         return _fail(str(exc), 2)
     server: RedisServer | None = None
+    nodes: list[str] = []
     try:
         if cfg.standalone:
             try:
@@ -69,13 +84,63 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[elastic-agent] standalone Redis on {server.url}; watch this job with:\n"
                   f"    elastic-console attach {cfg.job_id} --redis {server.url}",
                   file=sys.stderr, flush=True)
-        return _run(cfg)
+        code = _run(cfg, nodes.append)
+        if server is not None and nodes:
+            _linger_for_consoles(server, cfg.job_id, nodes[0], linger)
+        return code
     finally:
         if server is not None:
             server.cleanup()
 
 
-def _run(cfg: AgentConfig) -> int:
+def _linger_seconds(value: str | None) -> float:
+    if value is None or value.strip() == "":
+        return DEFAULT_LINGER_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= 3600:
+        raise UsageError(f"{LINGER_ENV}={value!r}: give the seconds to keep the embedded Redis "
+                         "up for an attached console after the job ended (0..3600)")
+    return seconds
+
+
+def _linger_for_consoles(server: RedisServer, job_id: str, node: str, linger: float) -> None:
+    """After the job ended, before the embedded Redis stops with this agent: a console still
+    attached is told how the job ended and that its Redis stops (a ``redis_stopping`` event),
+    and keeps the server up to ``linger`` seconds, or until it detaches. Without this it
+    would only see a lost connection, indistinguishable from an outage."""
+    if linger <= 0:
+        return
+    client = make_client(server.url, retries=0)
+
+    def stop_lingering(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt  # a second request to stop the agent ends the wait at once
+
+    previous = signal.signal(signal.SIGTERM, stop_lingering)
+    try:
+        keys = JobKeys(job_id)
+        final = client.hget(keys.meta, "final_state")
+        if final is None or not other_clients(client):
+            return  # the job did not end (the agent was signalled), or nobody watches
+        client.xadd(keys.events, encode_event(EventType.REDIS_STOPPING, node, {
+            "final_state": final.decode(errors="replace"), "linger_s": linger}),
+            maxlen=EVENTS_MAXLEN, approximate=True)
+        print(f"[elastic-agent] a console is attached: the embedded Redis stops when it "
+              f"detaches, in {linger:g} s at the latest", file=sys.stderr, flush=True)
+        deadline = time.monotonic() + linger
+        while time.monotonic() < deadline and other_clients(client):
+            time.sleep(_LINGER_POLL_S)
+    except (redis.RedisError, OSError, KeyboardInterrupt):
+        pass  # the server stops next whatever happened here
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        client.close()
+
+
+def _run(cfg: AgentConfig, on_agent: Callable[[str], None] | None = None) -> int:
+    """Run the agent; ``on_agent`` learns its node id once it exists."""
     from .elastic_agent import ElasticAgent  # after argument checks: keep --help fast
     from .workers import WorkerStartError
 
@@ -86,7 +151,10 @@ def _run(cfg: AgentConfig) -> int:
     if cfg.log_dir_generated:
         print(f"[elastic-agent] per-rank logs in {cfg.log_dir}", file=sys.stderr, flush=True)
     try:
-        return asyncio.run(ElasticAgent(cfg).run())
+        agent = ElasticAgent(cfg)
+        if on_agent is not None:
+            on_agent(agent.node_id)
+        return asyncio.run(agent.run())
     except WorkerStartError as exc:
         return _fail(str(exc), 1)
     except RendezvousConnectionError as exc:

@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a = p.add_argument
     a("--redis", default=None, help="Redis endpoint: host, host:port or redis://, rediss://, "
-      "unix:// URL (default $ELASTIC_REDIS_URL, else redis://127.0.0.1:6379); a password is "
+      "unix://, redis+sentinel://h1:26379,h2:26379/SERVICE URL (default $ELASTIC_REDIS_URL, "
+      "else redis://127.0.0.1:6379); a password is "
       f"best given in ${PASSWORD_ENV}")
     a(*_both("redis-password-file"), dest="redis_password_file", default=None, metavar="PATH",
       help=f"file holding the Redis password, used when the URL has none (default "

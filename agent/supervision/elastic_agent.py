@@ -29,9 +29,11 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import IO, Any, TypeVar
 
 import redis
@@ -52,6 +54,7 @@ from ..coordination.text import terminal_line
 from .commands import CommandReader, Rejected
 from .config import AgentConfig
 from .events import EventSink, ResourceSampler
+from .job_records import JobRecords
 from .logs import LogConfig, NodeLogs, make_logs_drop_marker, parse_std_spec
 from .loops import keep_running
 from .publisher import StreamPublisher
@@ -73,6 +76,9 @@ _CLAIM_RESTART = """
 if redis.call('HSETNX', KEYS[2], 'restart_claim:' .. ARGV[1], 1) == 0 then
   return {0, redis.call('GET', KEYS[1]) or '0'}
 end
+-- A counter lost with its Redis starts again from the highest count this agent saw.
+local seen, current = tonumber(ARGV[2]), tonumber(redis.call('GET', KEYS[1]) or '0')
+if current ~= nil and current < seen then redis.call('SET', KEYS[1], seen) end
 return {1, redis.call('INCR', KEYS[1])}
 """
 
@@ -127,6 +133,7 @@ class ElasticAgent:
                        extra_env=config.extra_env),
             logs=self.node_logs, on_exit=self._on_worker_exit)
         self.sampler = ResourceSampler(self._client, config.job_id, self.node_id)
+        self.records = JobRecords(self._client, config.job_id, self.node_logs.stream_key)
         self._round: _Round | None = None
         self._attempt = -1
         self._signal: asyncio.Future[int] | None = None
@@ -279,6 +286,7 @@ class ElasticAgent:
             "reading the restart count", lambda: self._client.get(self.keys.restarts)),
             self.keys.restarts)
         self._restarts_used = restarts
+        self.records.note_restarts(restarts)
         info = result.info
         world = info.total_workers or self.cfg.nproc * result.group_world_size
         base = info.base_rank(result.group_rank) if info.total_workers else (
@@ -288,21 +296,41 @@ class ElasticAgent:
             world_size=world, base_rank=base, master_addr=result.master_addr,
             master_port=result.master_port, restart_count=restarts, attempt=self._attempt)
         self._round = _Round(result, self._attempt, restarts, info.completed_ms, world)
-        if result.group_rank == 0:
-            self.events.emit(EventType.RENDEZVOUS_COMPLETE, round=result.round,
-                             world_size=world, group_world_size=result.group_world_size,
-                             nodes=[{"node": n["node"], "host": n["host"],
-                                     "group_rank": n["group_rank"], "nproc": n.get("nproc", 0)}
-                                    for n in info.nodes])
+        if self.records.created_ms is None:
+            created = await self._redis("reading the job's creation time", lambda: (
+                self._client.hget(self.keys.meta, "created_ms")))
+            if created is not None and created.isdigit():
+                self.records.created_ms = int(created)
+                self.records.note_meta({"created_ms": int(created)})
+        self._announce_round()
         self.say(f"round {result.round} complete: group rank {result.group_rank} of "
                  f"{result.group_world_size}, global ranks {base}..{base + self.cfg.nproc - 1} "
                  f"of {world}; restarts used {restarts}/{self.cfg.max_restarts}")
-        workers = await self.group.start(assignment)
-        self.sampler.track({w.global_rank: w.pid for w in workers})
-        self.events.emit(EventType.WORKERS_STARTED, round=result.round, attempt=self._attempt,
-                         restart_count=restarts, ranks=[w.global_rank for w in workers],
+        await self.group.start(assignment)
+        self.sampler.track({w.global_rank: w.pid for w in self.group.workers})
+        self._announce_workers()
+
+    def _announce_round(self, **extra: Any) -> None:
+        """The round's record for readers, written by group rank 0 (once per round, and again
+        when Redis lost it)."""
+        assert self._round is not None
+        result = self._round.result
+        if result.group_rank == 0:
+            self.events.emit(EventType.RENDEZVOUS_COMPLETE, round=result.round,
+                             world_size=self._round.world_size,
+                             group_world_size=result.group_world_size,
+                             nodes=[{"node": n["node"], "host": n["host"],
+                                     "group_rank": n["group_rank"], "nproc": n.get("nproc", 0)}
+                                    for n in result.info.nodes], **extra)
+
+    def _announce_workers(self, **extra: Any) -> None:
+        assert self._round is not None
+        workers = self.group.workers
+        self.events.emit(EventType.WORKERS_STARTED, round=self._round.result.round,
+                         attempt=self._attempt, restart_count=self._round.restart_count,
+                         ranks=[w.global_rank for w in workers],
                          local_ranks=[w.local_rank for w in workers],
-                         pids=[w.pid for w in workers], host=self.host)
+                         pids=[w.pid for w in workers], host=self.host, **extra)
 
     def _on_worker_exit(self, e: WorkerExit) -> None:
         data = e.event_data()
@@ -363,6 +391,12 @@ class ElasticAgent:
         interval = self.cfg.rendezvous.keep_alive_interval
         while True:
             try:
+                if await self.records.reseed():
+                    # Redis came back empty: readers get the job back, the workers go on.
+                    self.say("Redis lost the job's records (restarted empty?); putting them back")
+                    await asyncio.to_thread(self.rdzv.heartbeat)  # the round, at once
+                    self._announce_round(restored=True)
+                    self._announce_workers(restored=True)
                 m, newly_lost = await asyncio.to_thread(self.rdzv.lost_since_last_check)
                 in_grace = time.monotonic() < grace_until
                 for node in newly_lost:
@@ -432,12 +466,15 @@ class ElasticAgent:
         rnd = self._round.result.round
         try:
             claimed, used = await self._redis("counting the restart", lambda: self._client.eval(
-                _CLAIM_RESTART, 2, self.keys.restarts, self.keys.meta, rnd))
+                _CLAIM_RESTART, 2, self.keys.restarts, self.keys.meta, rnd,
+                self.records.restarts_seen))
         except redis.ResponseError as exc:  # INCR of a counter that is not a number
             raise protocol.ProtocolError(
                 f"{self.keys.restarts} cannot count restarts ({exc}): repair or delete that key"
             ) from None
         used = protocol.decode_counter(used, self.keys.restarts)
+        self.records.note_restarts(used)
+        self.records.note_meta({f"restart_claim:{rnd}": 1})
         self._restarts_used = used
         cause = await self._root_cause(res)
         self.root_cause = cause
@@ -490,26 +527,109 @@ class ElasticAgent:
             return cause
         return fallback
 
-    async def _succeed(self) -> int:
+    async def _succeed(self) -> int | None:
         assert self._round is not None
         r = self._round.result
         self.say(f"workers finished; waiting at the exit barrier for {r.group_world_size} nodes")
-        store = RedisStore(self.cfg.endpoint, self.cfg.job_id, f"r{r.round}")
-        try:
-            await self._race(asyncio.to_thread(
-                barrier, store, r.group_world_size, "exit", self.cfg.exit_barrier_timeout,
-                r.group_rank))
-        except StoreTimeoutError as exc:
-            self.say(f"exit barrier: {exc}; exiting anyway")
-        finally:
-            store.close()
+        left = await self._exit_barrier(r)
         await self.group.stop()
+        if left is not None:
+            outcome, detail = left
+            if isinstance(detail, _FailedElsewhere):
+                # The failing node reports the failure and claims the restart; this node only
+                # joins the next round (or learns there that the job is over).
+                self.say(f"leaving the exit barrier: {detail}; rejoining the rendezvous")
+                return None
+            self.say(f"leaving the exit barrier ({outcome.value})")
+            return await self._after(outcome, detail)
         if await self._claim_final("succeeded"):
             self.events.emit(EventType.JOB_SUCCEEDED, restarts_used=self._restarts_used)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.rdzv.set_closed)
         self.print_summary(self.root_cause, failed=False)
         return 0
+
+    async def _exit_barrier(self, r: RendezvousResult) -> tuple[Outcome, Any] | None:
+        """Wait at round ``r``'s exit barrier. ``None`` once it filled (or timed out: the job
+        is done here either way); else why this node must leave it now. A node that waited
+        out the whole timeout while another node failed would hold up the restart or the
+        job's end for that long."""
+        assert self._signal is not None
+        leave = threading.Event()
+        store = _LeavableStore(self.cfg.endpoint, self.cfg.job_id, f"r{r.round}", leave=leave)
+        passing = asyncio.ensure_future(asyncio.to_thread(
+            barrier, store, r.group_world_size, "exit", self.cfg.exit_barrier_timeout,
+            r.group_rank))
+        watchers = [asyncio.ensure_future(self._watch_membership()),
+                    asyncio.ensure_future(self._watch_failures(r))]
+        reason: tuple[Outcome, Any] | None = None
+        try:
+            while True:
+                action = asyncio.ensure_future(self._actions.get())
+                done, _ = await asyncio.wait({passing, action, self._signal, *watchers},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if action not in done:
+                    action.cancel()
+                if passing in done:
+                    break
+                if action in done:
+                    cmd = action.result()
+                    if cmd.type == CommandType.STOP:
+                        reason = (Outcome.STOP, cmd)
+                        break
+                    # A restart is for the nodes still running: the round they open next
+                    # brings this node along (the membership watch sees it).
+                    continue
+                if self._signal.done():
+                    reason = (Outcome.SIGNAL, self._signal.result())
+                else:
+                    reason = next(w for w in watchers if w.done()).result()
+                break
+        finally:
+            leave.set()  # the barrier's thread notices within one slice
+            for w in watchers:
+                w.cancel()
+            try:
+                await passing
+            except _BarrierLeft:
+                pass
+            except StoreTimeoutError as exc:
+                self.say(f"exit barrier: {exc}; exiting anyway")
+                reason = None
+            else:
+                reason = None  # it filled: every node succeeded, whatever else came in
+            finally:
+                store.close()
+        return reason
+
+    async def _watch_failures(self, r: RendezvousResult) -> tuple[Outcome, Any]:
+        """Returns when another node of round ``r`` reports that its workers failed, or that
+        the job ended. The event comes before the failing node opens the next round (it
+        first stops its workers and finds the root cause), so waiting nodes move at once."""
+        assert self._round is not None
+        members = {n["node"] for n in r.info.nodes}
+        since = self._round.started_ms
+        last = f"{max(0, since - 1)}-0"  # XREAD is exclusive: start just before the round
+        while True:
+            try:
+                reply = await self._reader.xread({self.keys.events: last}, count=1000,
+                                                 block=1000)
+            except (redis.RedisError, OSError) as exc:
+                log.debug("exit barrier event watch: %s", exc)
+                await asyncio.sleep(0.5)  # backoff while Redis is away
+                continue
+            for _key, entries in reply or []:
+                for entry_id, fields in entries:
+                    last = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+                    ev = protocol.decode_event(entry_id, fields)
+                    # Only a member of this round speaks for it (anyone who can write the
+                    # event stream could otherwise send every node away from the barrier).
+                    if ev is None or ev.node not in members or ev.server_ms < since:
+                        continue
+                    if ev.type == EventType.GROUP_FAILED and ev.data.get("round") == r.round:
+                        return Outcome.REFORM, _FailedElsewhere(ev.node, ev.data.get("root_cause"))
+                    if ev.type in (EventType.JOB_FAILED, EventType.JOB_STOPPED):
+                        return Outcome.CLOSED, None
 
     async def _leave_on_signal(self, sig: int) -> int:
         await self._stop_workers("signal")
@@ -555,12 +675,17 @@ class ElasticAgent:
 
     async def _claim(self, field: str) -> bool:
         """True for exactly one agent of the job per ``field``: the one that reports it."""
-        return bool(await self._redis("claiming " + field, lambda: self._client.hsetnx(
+        won = bool(await self._redis("claiming " + field, lambda: self._client.hsetnx(
             self.keys.meta, field, 1)))
+        self.records.note_meta({field: 1})  # claimed, by us or another: never twice
+        return won
 
     async def _claim_final(self, state: str) -> bool:
-        return bool(await self._redis("recording the job's end", lambda: self._client.hsetnx(
+        won = bool(await self._redis("recording the job's end", lambda: self._client.hsetnx(
             self.keys.meta, "final_state", state)))
+        if won:
+            self.records.note_meta({"final_state": state})
+        return won
 
     async def _close_job(self, state: str, *, command: Command | None = None,
                          cause: dict[str, Any] | None = None) -> None:
@@ -616,10 +741,12 @@ class ElasticAgent:
                          reason=reason, host=self.host)
 
     async def _write_meta(self) -> None:
+        settings = {"max_restarts": self.cfg.max_restarts, "nproc_per_node": self.cfg.nproc,
+                    "entrypoint": json.dumps(self.cfg.entrypoint)}
         await self._redis("writing the job's settings", lambda: self._client.hset(
-            self.keys.meta, mapping={
-            "max_restarts": self.cfg.max_restarts, "nproc_per_node": self.cfg.nproc,
-            "entrypoint": json.dumps(self.cfg.entrypoint)}))
+            self.keys.meta, mapping=settings))
+        self.records.note_meta({**settings, "min_nodes": self.cfg.rendezvous.min_nodes,
+                                "max_nodes": self.cfg.rendezvous.max_nodes})
 
     # -- summary --------------------------------------------------------------------------
     def print_summary(self, cause: dict[str, Any] | None, failed: bool) -> None:
@@ -700,3 +827,55 @@ def _truncate_json(data: Any, limit: int) -> Any:
         return data
     return {"truncated": True, "head": text[:limit]}
 
+
+# -- the exit barrier ---------------------------------------------------------------------
+_BARRIER_SLICE_S = 0.25  # how long the barrier's thread blocks before it looks at ``leave``
+
+
+class _BarrierLeft(Exception):
+    """The exit barrier was left before it filled."""
+
+
+class _LeavableStore(RedisStore):
+    """A store whose waits give up once ``leave`` is set. The exit barrier blocks in a thread
+    the event loop cannot cancel (and ``asyncio.run`` would wait for it at exit), so it waits
+    in slices and looks at ``leave`` between them."""
+
+    def __init__(self, *args: Any, leave: threading.Event, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._leave = leave
+
+    def wait(self, keys: Sequence[str | bytes], timeout: Any = None) -> None:
+        if timeout is None:
+            seconds = self.timeout_seconds
+        elif isinstance(timeout, timedelta):
+            seconds = timeout.total_seconds()
+        else:
+            seconds = float(timeout)
+        deadline = None if seconds == 0 else time.monotonic() + seconds
+        while True:
+            if self._leave.is_set():
+                if self.check(keys):
+                    return  # it filled just as the node was told to leave: passing wins
+                raise _BarrierLeft
+            remaining = _BARRIER_SLICE_S if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                names = [k.decode() if isinstance(k, bytes) else k for k in keys]
+                raise StoreTimeoutError(f"timed out after {seconds:g} s waiting for {names}",
+                                        names, seconds)
+            with contextlib.suppress(StoreTimeoutError):
+                super().wait(keys, min(remaining, _BARRIER_SLICE_S))
+                return
+
+
+@dataclass(frozen=True)
+class _FailedElsewhere:
+    """Why a node left the exit barrier: another node's workers failed (see ``_succeed``)."""
+
+    node: str
+    cause: Any
+
+    def __str__(self) -> str:
+        c = self.cause if isinstance(self.cause, dict) else {}
+        where = f"rank {c.get('rank', '?')} on {c.get('host') or self.node}"
+        return f"the worker group failed ({where}: {c.get('message') or 'cause unknown'})"

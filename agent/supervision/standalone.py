@@ -13,6 +13,8 @@ import subprocess
 import tempfile
 import time
 
+import redis
+
 from ..coordination.ports import free_port, port_is_free
 
 
@@ -119,3 +121,13 @@ class RedisServer:
 def standalone_port(preferred: int = 6379) -> int:
     """6379 if it is free on loopback, else any free port."""
     return preferred if port_is_free(preferred) else free_port()
+
+
+def other_clients(client: redis.Redis) -> int:
+    """How many connections the server holds besides the one ``client`` asks on: on a job's
+    embedded server, once the agent closed its own, those are consoles (or other readers)."""
+    with client.pipeline(transaction=True) as pipe:  # one connection answers both
+        pipe.client_id()
+        pipe.client_list()
+        me, clients = pipe.execute()
+    return sum(1 for c in clients if str(c.get("id")) != str(me))

@@ -35,6 +35,7 @@ JOB_STATE_STYLES: dict[str, Style] = {
     "failed": Style(color="red", bold=True, reverse=True),
     "succeeded": Style(color="green", bold=True, reverse=True),
     "stopped": Style(color="yellow", bold=True, reverse=True),
+    "lost": Style(color="magenta", bold=True, reverse=True),
 }
 
 #: Rank states (rank table).

@@ -1,15 +1,23 @@
-"""The job header (two lines of facts) and the red "Redis unreachable" banner."""
+"""The job header (two lines of facts) and the banner: red while Redis is unreachable, calm
+when a job's embedded Redis stops with it."""
 
 from __future__ import annotations
 
 from rich.style import Style
 from rich.text import Text
+from textual.color import Color
 from textual.widgets import Static
 
 from ..state import JobView
 from .common import JOB_STATE_STYLES, safe_text
 
-__all__ = ["Banner", "JobHeader"]
+__all__ = ["ALERT", "ENDED_OK", "ENDED_OTHERWISE", "Banner", "JobHeader"]
+
+#: Banner tones: something is wrong; the job ended well; the job ended otherwise.
+ALERT, ENDED_OK, ENDED_OTHERWISE = "alert", "ended-ok", "ended-otherwise"
+# Theme variables (the stylesheet's $error is the alert's) and the glyph of each tone.
+_TONE_VARIABLE = {ENDED_OK: "success", ENDED_OTHERWISE: "primary"}
+_TONE_GLYPH = {ALERT: " ⚠ ", ENDED_OK: " ✓ ", ENDED_OTHERWISE: " ● "}
 
 _LABEL = Style(dim=True)
 _VALUE = Style(bold=True)
@@ -64,6 +72,8 @@ class JobHeader(Static):
             t.append("  ○ connecting…", _LABEL)
         elif view.connected:
             t.append("  ● connected", _CONNECTED)
+        elif view.redis_gone:
+            t.append("  ○ stopped with the job", _LABEL)
         else:
             t.append("  ● disconnected", _DISCONNECTED)
         if read_only:
@@ -74,23 +84,30 @@ class JobHeader(Static):
 
 
 class Banner(Static):
-    """A red bar across the screen while Redis is unreachable (hidden otherwise)."""
+    """A bar across the screen: red while Redis is unreachable (``ALERT``), green or blue once
+    the job ended and its embedded Redis stops with it; hidden otherwise."""
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__("", markup=False, id=id)
-        self._shown: str | None = None
+        self._shown: tuple[str | None, str] | None = None
         self.display = False
 
-    def show(self, message: str | None) -> None:
-        """Show ``message`` (one sentence from the client), or hide the bar with ``None``."""
-        if message == self._shown:
+    def show(self, message: str | None, tone: str = ALERT) -> None:
+        """Show ``message`` (one sentence) in ``tone``, or hide the bar with ``None``."""
+        if (message, tone) == self._shown:
             return
-        self._shown = message
+        self._shown = (message, tone)
         if message is None:
             self.display = False
             return
+        variable = _TONE_VARIABLE.get(tone)
+        # Inline, because the app's stylesheet (#banner: $error) outranks any widget default.
+        self.styles.background = (
+            Color.parse(self.app.get_css_variables().get(variable, "green" if tone == ENDED_OK
+                                                          else "blue"))
+            if variable else None)
         t = Text(no_wrap=True, overflow="ellipsis", end="")
-        t.append(" ⚠ ")
+        t.append(_TONE_GLYPH.get(tone, " ⚠ "))
         t.append_text(safe_text(message))
         self.update(t, layout=False)
         self.display = True

@@ -1,0 +1,179 @@
+"""A `--standalone` job ends cleanly for the console attached to it: its embedded Redis stops
+with the agent, and the console shows how the job ended and that its Redis stopped, never the
+"Redis unreachable — reconnecting…" banner of an outage.
+
+Real agents (a worker that ends when the test says so), their own embedded redis-server, the
+console under Pilot and once, installed, in tmux."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+
+from textual.pilot import Pilot
+from textual.worker import WorkerState
+
+from elastic_agent.coordination.connection import parse_endpoint
+from elastic_agent.coordination.protocol import EventType, decode_event, encode_event
+from elastic_console.state import JobView
+from tests.agents import Agent, wait_until
+from tests.test_console_app import App, run, screen_text
+from tests.test_console_tmux import CONSOLE, Tmux, require_tmux
+from tests.waiting import wait_until_async
+
+# Runs until the test creates the file named by SE_GO (the console is attached by then).
+WORKER = """\
+import os, time
+from pathlib import Path
+
+go = Path(os.environ["SE_GO"])
+print("waiting for the test's go", flush=True)
+while not go.exists():
+    time.sleep(0.02)
+print("done", flush=True)
+"""
+
+RECONNECTING = "Redis unreachable"
+LINGER = 4  # seconds the agent keeps its Redis up for an attached console after the end
+
+
+def standalone_agent(job_id: str, tmp_path: Path, linger: float = LINGER) -> tuple[Agent, Path]:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    go = tmp_path / "go"
+    agent = Agent(["--standalone", "--job-id", job_id, "--nproc-per-node", "1", str(script)],
+                  tmp_path, "agent", env={"SE_GO": str(go), "ELASTIC_STANDALONE_LINGER": str(linger)})
+    return agent, go
+
+
+def redis_url_of(agent: Agent) -> str:
+    """The embedded server's URL, once the agent printed it."""
+    pattern = re.compile(r"standalone Redis on (redis://[^;\s]+);")
+    found = wait_until(lambda: pattern.search(agent.output), 30, "the agent's Redis URL")
+    return found.group(1)
+
+
+def test_the_console_shows_the_end_and_that_the_embedded_redis_stopped(job_id, tmp_path):
+    agent, go = standalone_agent(job_id, tmp_path)
+    try:
+        url = redis_url_of(agent)
+        app = App(job_id, endpoint=parse_endpoint(url))
+        shown: list[tuple[str | None, str]] = []
+
+        async def body(pilot: Pilot[int], app: App) -> None:
+            banner_show = app.banner.show
+
+            def record(message: str | None, tone: str = "alert") -> None:
+                if not shown or shown[-1] != (message, tone):
+                    shown.append((message, tone))
+                banner_show(message, tone)
+
+            app.banner.show = record  # type: ignore[method-assign]
+            await wait_until_async(lambda: app.loaded and app.view.ranks, 30, "the job on screen")
+            go.touch()
+            # The job's end, then the announcement: the countdown, while Redis is still up.
+            await wait_until_async(lambda: app.view.redis_stops_ms is not None, 30,
+                                   "the redis_stopping event")
+            await wait_until_async(lambda: "embedded Redis stops when you detach" in
+                                   screen_text(app), 5, "the countdown banner")
+            assert "SUCCEEDED" in screen_text(app).splitlines()[0]
+            # The agent stops its Redis after the linger (the console stays attached) ...
+            await wait_until_async(lambda: agent.proc.poll() is not None, LINGER + 20,
+                                   "the agent to exit")
+            await wait_until_async(lambda: app.view.redis_gone, 10, "the lost server")
+            await pilot.pause()
+            text = screen_text(app)
+            assert "job succeeded; its embedded Redis has stopped" in text, text
+            assert "○ stopped with the job" in text.splitlines()[1], text
+            # ... and the console stops reading: no reconnecting, quietly or not.
+            await wait_until_async(lambda: not [
+                w for w in app.workers if w.group in ("reader", "poll")
+                and w.state not in (WorkerState.SUCCESS, WorkerState.CANCELLED)], 10,
+                "the reader and the poller to end")
+            await asyncio.sleep(1.5)  # a reconnecting reader would have spoken by now
+            text = screen_text(app)
+            assert "job succeeded; its embedded Redis has stopped" in text, text
+            assert not app.main_screen.has_class("-disconnected")
+
+        run(app, body, timeout=90)
+        assert agent.wait(10) == 0, agent.output
+        assert "a console is attached" in agent.output, agent.output
+        messages = [m for m, _ in shown if m]
+        assert not any(RECONNECTING in m for m in messages), messages
+        assert messages[-1] == "job succeeded; its embedded Redis has stopped (q to leave)"
+        assert shown[-1][1] == "ended-ok"
+        assert not any("reconnected" in n for n, _ in app.notes), app.notes
+    finally:
+        agent.kill()
+
+
+def test_without_a_console_the_embedded_redis_stops_at_once(job_id, tmp_path):
+    agent, go = standalone_agent(job_id, tmp_path, linger=120)
+    redis_url_of(agent)
+    go.touch()
+    start = time.monotonic()
+    assert agent.wait(60) == 0, agent.output
+    assert time.monotonic() - start < 30, "nobody watches: no reason to keep Redis up"
+    assert "a console is attached" not in agent.output, agent.output
+
+
+def test_the_announcement_is_folded_and_survives_hostile_values():
+    view = JobView("j")
+    view.set_connection(True, "redis://x")
+    t0 = 1_700_000_000_000
+    view.apply_event(decode_event(f"{t0}-0", encode_event(EventType.JOB_SUCCEEDED, "n-1-a", {})))
+    view.apply_event(decode_event(f"{t0 + 1}-0", encode_event(
+        EventType.REDIS_STOPPING, "n-1-a", {"final_state": "succeeded", "linger_s": 15})))
+    assert view.redis_stops_ms == t0 + 1 + 15_000 and not view.redis_gone
+    assert "embedded Redis" in view.timeline[-1].text
+    view.set_connection(False, "redis://x", "connection refused")
+    assert view.redis_gone
+    # The announcement alone (the job's end trimmed away) still tells how the job ended;
+    # nonsense in it neither breaks the fold nor invents a state.
+    for data, state in (({"final_state": "failed", "linger_s": "nan"}, "failed"),
+                        ({"final_state": ["x"], "linger_s": 1e300}, "waiting"),
+                        ({"final_state": "exploded", "linger_s": True}, "waiting")):
+        other = JobView("j")
+        other.apply_event(decode_event(f"{t0}-0", encode_event(EventType.REDIS_STOPPING,
+                                                               "n-1-a", data)))
+        assert other.state == state and other.redis_stops_ms == t0, data
+        assert other.ignored == 0
+
+
+def test_in_tmux_the_end_of_a_standalone_job_is_never_an_outage(job_id, tmp_path):
+    require_tmux()
+    agent, go = standalone_agent(job_id, tmp_path)
+    url = redis_url_of(agent)
+    # COLUMNS/LINES, when the test's environment has them, would override the pane's size.
+    tmux = Tmux(["env", "-u", "COLUMNS", "-u", "LINES", str(CONSOLE), "attach", job_id,
+                 "--redis", url])
+    screens: list[str] = []
+
+    def screen() -> str:
+        text = tmux.screen()
+        screens.append(text)
+        return text
+
+    try:
+        wait_until(lambda: job_id in screen() and "waiting for the test's go" in screens[-1],
+                   30, "the console showing the running job")
+        go.touch()
+        wait_until(lambda: "embedded Redis stops when you detach" in screen(), 30,
+                   "the countdown banner")
+        wait_until(lambda: all(s in screen() for s in (
+            "job succeeded; its embedded Redis has stopped", "SUCCEEDED",
+            "stopped with the job")), LINGER + 20, "the end on screen")
+        assert agent.wait(10) == 0, agent.output
+        assert not any(RECONNECTING in s for s in screens), next(
+            s for s in screens if RECONNECTING in s)
+        tmux.keys("q")
+        wait_until(lambda: not tmux.alive(), 15, "the console to detach")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n--- the tmux screen ---\n{tmux.screen()}\n"
+                             f"--- the agent ---\n{agent.output[-2000:]}") from None
+    finally:
+        tmux.kill()
+        agent.kill()
+
