@@ -146,9 +146,7 @@ def test_in_tmux_the_end_of_a_standalone_job_is_never_an_outage(job_id, tmp_path
     require_tmux()
     agent, go = standalone_agent(job_id, tmp_path)
     url = redis_url_of(agent)
-    # COLUMNS/LINES, when the test's environment has them, would override the pane's size.
-    tmux = Tmux(["env", "-u", "COLUMNS", "-u", "LINES", str(CONSOLE), "attach", job_id,
-                 "--redis", url])
+    tmux = Tmux([str(CONSOLE), "attach", job_id, "--redis", url])
     screens: list[str] = []
 
     def screen() -> str:
