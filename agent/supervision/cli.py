@@ -122,7 +122,7 @@ def _linger_for_consoles(server: RedisServer, job_id: str, node: str, linger: fl
     try:
         keys = JobKeys(job_id)
         final = client.hget(keys.meta, "final_state")
-        if final is None or not other_clients(client):
+        if final is None or not _still_watched(client):
             return  # the job did not end (the agent was signalled), or nobody watches
         client.xadd(keys.events, encode_event(EventType.REDIS_STOPPING, node, {
             "final_state": final.decode(errors="replace"), "linger_s": linger}),
@@ -137,6 +137,18 @@ def _linger_for_consoles(server: RedisServer, job_id: str, node: str, linger: fl
     finally:
         signal.signal(signal.SIGTERM, previous)
         client.close()
+
+
+def _still_watched(client: redis.Redis, checks: int = 3, interval: float = 0.1) -> bool:
+    """A console is attached: another connection is there on each of a few looks. The agent's
+    own connections, closed just before, may take the server a moment to drop (seen under
+    load in CI); a console stays."""
+    for i in range(checks):
+        if i:
+            time.sleep(interval)  # nothing notifies a disconnect: look again
+        if not other_clients(client):
+            return False
+    return True
 
 
 def _run(cfg: AgentConfig, on_agent: Callable[[str], None] | None = None) -> int:
