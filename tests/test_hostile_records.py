@@ -29,6 +29,7 @@ from elastic_agent.coordination.protocol import (
 )
 from tests.agents import SCRIPTS, Agent, wait_until
 from tests.test_agent import FAST, agent_args, of_type, worker_pids
+from tests.test_console_cli import console as _console
 
 DEEP = "[" * 100_000 + "]" * 100_000
 DEEP_SMALL = "[" * 5_000 + "]" * 5_000  # under the size bounds: only the nesting is wrong
@@ -189,10 +190,6 @@ def test_only_a_member_of_the_round_can_be_the_root_cause(redis_url, r, job_id, 
 
 # -- the CLI and the console against a job full of junk ----------------------------------------
 
-def _console(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "ELASTIC_REDIS_URL"}
-    return subprocess.run([*CONSOLE, *args], capture_output=True, text=True, timeout=60, env=env,
-                          stdin=subprocess.DEVNULL)
 
 
 def _junk_job(r: redis.Redis, job: str) -> None:

@@ -4,8 +4,6 @@ readers need, the restart budget does not start over, and no worker is restarted
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 
@@ -22,14 +20,11 @@ from elastic_agent.coordination.protocol import (
 )
 from tests.agents import SCRIPTS, Agent, alive, wait_until
 from tests.test_agent import FAST, agent_args, log_lines, of_type
+from tests.test_console_cli import console as _console
 
 CONSOLE = [sys.executable, "-m", "elastic_console.cli"]
 
 
-def _console(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "ELASTIC_REDIS_URL"}
-    return subprocess.run([*CONSOLE, *args], capture_output=True, text=True, timeout=60, env=env,
-                          stdin=subprocess.DEVNULL)
 
 
 @pytest.mark.parametrize("how", ["restart", "flushall"])
