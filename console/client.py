@@ -46,6 +46,7 @@ from elastic_agent.coordination.connection import (
     explain_error,
     make_async_client,
     parse_endpoint,
+    raise_if_cancelled,
 )
 from elastic_agent.coordination.protocol import (
     COMMANDS_MAXLEN,
@@ -59,6 +60,7 @@ from elastic_agent.coordination.protocol import (
     LogBatch,
     ProtocolError,
     RoundInfo,
+    console_client_name,
     decode_event,
     decode_json,
     decode_log_batch,
@@ -141,11 +143,14 @@ class JobClient:
         self.endpoint = endpoint if isinstance(endpoint, Endpoint) else parse_endpoint(endpoint)
         self.job_id = validate_job_id(job_id) if job_id is not None else None
         self._job_keys = JobKeys(job_id) if job_id is not None else None
-        self._client: aioredis.Redis = make_async_client(self.endpoint, retries=retries)
+        # Named: a --standalone agent keeps its Redis up while a console of its job is there.
+        name = console_client_name(job_id) if job_id is not None else None
+        self._client: aioredis.Redis = make_async_client(self.endpoint, retries=retries,
+                                                         client_name=name)
         # One retry only: a stale pooled socket after a server restart is re-dialled
         # silently, a real outage is reported by follow() at once.
         self._reader: aioredis.Redis = make_async_client(self.endpoint, blocking_ms=BLOCK_MS,
-                                                         retries=1)
+                                                         retries=1, client_name=name)
         self._last_ids: dict[str, str] = {}  # stream key -> last entry id seen (follow cursor)
         #: Records skipped because they could not be read (see :class:`Skipped`).
         self.skipped = 0
@@ -454,6 +459,7 @@ class JobClient:
         next_refresh = 0.0
         last_read = 0.0
         while True:
+            raise_if_cancelled()
             reply: Any = None
             failure: BaseException | None = None
             try:
@@ -616,6 +622,7 @@ class JobClient:
                 start = "(" + last  # exclusive: continue after the last entry read
             last = last or ("0-0" if not sent else f"{max(0, _id_key(sent)[0] - 1)}-0")
             while len(acks) < expected_nodes:
+                raise_if_cancelled()
                 left = deadline - loop.time()
                 if left <= 0:
                     break

@@ -12,11 +12,17 @@ import re
 import time
 from pathlib import Path
 
+import redis
 from textual.pilot import Pilot
 from textual.worker import WorkerState
 
-from elastic_agent.coordination.connection import parse_endpoint
-from elastic_agent.coordination.protocol import EventType, decode_event, encode_event
+from elastic_agent.coordination.connection import make_client, parse_endpoint
+from elastic_agent.coordination.protocol import (
+    EventType,
+    console_client_name,
+    decode_event,
+    encode_event,
+)
 from elastic_console.state import JobView
 from tests.agents import Agent, wait_until
 from tests.test_console_app import App, run, screen_text
@@ -110,13 +116,24 @@ def test_the_console_shows_the_end_and_that_the_embedded_redis_stopped(job_id, t
 
 
 def test_without_a_console_the_embedded_redis_stops_at_once(job_id, tmp_path):
+    """Only a console of this job holds the server up: not a stray client (redis-cli, a
+    leftover process retrying the default port), nor a console of another job."""
     agent, go = standalone_agent(job_id, tmp_path, linger=120)
-    redis_url_of(agent)
-    go.touch()
-    start = time.monotonic()
-    assert agent.wait(60) == 0, agent.output
-    assert time.monotonic() - start < 30, "nobody watches: no reason to keep Redis up"
-    assert "a console is attached" not in agent.output, agent.output
+    url = redis_url_of(agent)
+    stray = make_client(url)
+    other = redis.Redis.from_url(url, client_name=console_client_name(job_id + "-other"))
+    try:
+        stray.ping()
+        other.ping()
+        go.touch()
+        start = time.monotonic()
+        assert agent.wait(60) == 0, agent.output
+        assert time.monotonic() - start < 30, agent.output
+        assert "a console is attached" not in agent.output, agent.output
+    finally:
+        stray.close()
+        other.close()
+        agent.kill()
 
 
 def test_the_announcement_is_folded_and_survives_hostile_values():

@@ -139,6 +139,13 @@ def record_version(fields: Mapping[str, str]) -> int | None:
     return v if v in SUPPORTED_VERSIONS else None
 
 
+def console_client_name(job_id: str) -> str:
+    """The connection name (``CLIENT SETNAME``) of a console reading ``job_id``: how a
+    ``--standalone`` agent knows a console of its job is still attached, whatever other
+    connection its server holds."""
+    return f"elastic-console:{validate_job_id(job_id)}"
+
+
 @dataclass(frozen=True)
 class JobKeys:
     """Every Redis key name of one job."""

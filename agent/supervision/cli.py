@@ -30,7 +30,12 @@ from ..coordination.protocol import EVENTS_MAXLEN, EventType, JobKeys, ProtocolE
 from ..coordination.rendezvous import RendezvousConnectionError, RendezvousError
 from ..coordination.text import terminal_line, terminal_lines
 from .config import AgentConfig, UsageError, parse_args
-from .standalone import RedisServer, RedisServerNotFoundError, other_clients, standalone_port
+from .standalone import (
+    RedisServer,
+    RedisServerNotFoundError,
+    attached_consoles,
+    standalone_port,
+)
 
 #: Seconds a --standalone agent keeps its embedded Redis up after the job ended while a console
 #: is attached, so the console can show how the job ended rather than a lost connection.
@@ -122,7 +127,7 @@ def _linger_for_consoles(server: RedisServer, job_id: str, node: str, linger: fl
     try:
         keys = JobKeys(job_id)
         final = client.hget(keys.meta, "final_state")
-        if final is None or not _still_watched(client):
+        if final is None or not _still_watched(client, job_id):
             return  # the job did not end (the agent was signalled), or nobody watches
         client.xadd(keys.events, encode_event(EventType.REDIS_STOPPING, node, {
             "final_state": final.decode(errors="replace"), "linger_s": linger}),
@@ -130,7 +135,7 @@ def _linger_for_consoles(server: RedisServer, job_id: str, node: str, linger: fl
         print(f"[elastic-agent] a console is attached: the embedded Redis stops when it "
               f"detaches, in {linger:g} s at the latest", file=sys.stderr, flush=True)
         deadline = time.monotonic() + linger
-        while time.monotonic() < deadline and other_clients(client):
+        while time.monotonic() < deadline and attached_consoles(client, job_id):
             time.sleep(_LINGER_POLL_S)
     except (redis.RedisError, OSError, KeyboardInterrupt):
         pass  # the server stops next whatever happened here
@@ -139,14 +144,14 @@ def _linger_for_consoles(server: RedisServer, job_id: str, node: str, linger: fl
         client.close()
 
 
-def _still_watched(client: redis.Redis, checks: int = 3, interval: float = 0.1) -> bool:
-    """A console is attached: another connection is there on each of a few looks. The agent's
-    own connections, closed just before, may take the server a moment to drop (seen under
-    load in CI); a console stays."""
+def _still_watched(client: redis.Redis, job_id: str, checks: int = 3,
+                   interval: float = 0.1) -> bool:
+    """A console of the job is attached: one is there on each of a few looks (a console
+    that is just leaving is not waited for)."""
     for i in range(checks):
         if i:
             time.sleep(interval)  # nothing notifies a disconnect: look again
-        if not other_clients(client):
+        if not attached_consoles(client, job_id):
             return False
     return True
 

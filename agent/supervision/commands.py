@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 import redis
 import redis.asyncio as aioredis
 
+from ..coordination.connection import raise_if_cancelled
 from ..coordination.protocol import MAX_COMMAND_ID_CHARS, Command, JobKeys, decode_command
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class CommandReader:
     async def __aiter__(self) -> AsyncIterator[Command | Rejected]:
         backoff = 0.05
         while True:
+            raise_if_cancelled()
             try:
                 if self.last_id is None:
                     self.last_id = await self.start_position()

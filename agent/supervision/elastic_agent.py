@@ -40,7 +40,7 @@ import redis
 import redis.asyncio as aioredis
 
 from ..coordination import protocol
-from ..coordination.connection import explain_error, make_async_client
+from ..coordination.connection import explain_error, make_async_client, raise_if_cancelled
 from ..coordination.protocol import Command, CommandType, EventType, JobKeys
 from ..coordination.rendezvous import (
     RedisRendezvous,
@@ -223,6 +223,7 @@ class ElasticAgent:
         deadline = time.monotonic() + self.cfg.rendezvous.join_timeout
         delay = 0.05
         while True:
+            raise_if_cancelled()
             try:
                 return await call()
             except _OUTAGE as exc:
@@ -390,6 +391,7 @@ class ElasticAgent:
         grace_until = 0.0
         interval = self.cfg.rendezvous.keep_alive_interval
         while True:
+            raise_if_cancelled()
             try:
                 if await self.records.reseed():
                     # Redis came back empty: readers get the job back, the workers go on.
@@ -611,6 +613,7 @@ class ElasticAgent:
         since = self._round.started_ms
         last = f"{max(0, since - 1)}-0"  # XREAD is exclusive: start just before the round
         while True:
+            raise_if_cancelled()
             try:
                 reply = await self._reader.xread({self.keys.events: last}, count=1000,
                                                  block=1000)

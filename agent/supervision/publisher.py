@@ -37,7 +37,12 @@ from typing import Any, Protocol
 import redis
 import redis.asyncio as aioredis
 
-from elastic_agent.coordination.connection import Endpoint, make_async_client, redact
+from elastic_agent.coordination.connection import (
+    Endpoint,
+    make_async_client,
+    raise_if_cancelled,
+    redact,
+)
 
 log = logging.getLogger(__name__)
 
@@ -474,6 +479,7 @@ class StreamPublisher:
             self._on_send_error(exc)
         delay = self._retry_base
         while True:
+            raise_if_cancelled()
             if not self._has_pending():
                 # Cleared only when nothing is pending: a publish between the check and the
                 # wait sets it again (single-threaded, no await in between).

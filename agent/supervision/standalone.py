@@ -16,6 +16,7 @@ import time
 import redis
 
 from ..coordination.ports import free_port, port_is_free
+from ..coordination.protocol import console_client_name
 
 
 class RedisServerNotFoundError(RuntimeError):
@@ -123,11 +124,9 @@ def standalone_port(preferred: int = 6379) -> int:
     return preferred if port_is_free(preferred) else free_port()
 
 
-def other_clients(client: redis.Redis) -> int:
-    """How many connections the server holds besides the one ``client`` asks on: on a job's
-    embedded server, once the agent closed its own, those are consoles (or other readers)."""
-    with client.pipeline(transaction=True) as pipe:  # one connection answers both
-        pipe.client_id()
-        pipe.client_list()
-        me, clients = pipe.execute()
-    return sum(1 for c in clients if str(c.get("id")) != str(me))
+def attached_consoles(client: redis.Redis, job_id: str) -> int:
+    """How many connections of consoles reading ``job_id`` the server holds (they name
+    themselves, see ``console_client_name``). Nothing else counts: not the agent's own
+    connections, which the server may drop a moment after they closed, nor a stray client."""
+    name = console_client_name(job_id)
+    return sum(1 for c in client.client_list() if c.get("name") == name)
