@@ -280,6 +280,9 @@ class EventType:
     RENDEZVOUS_COMPLETE = "rendezvous_complete"  # round, world_size, nodes[{node,host,group_rank}]
     WORKERS_STARTED = "workers_started"  # ranks[], pids[], restart_count, attempt
     WORKER_EXITED = "worker_exited"  # rank, local_rank, exit_code, signal, message, error_file
+    # rank, local_rank, pid, scope, deadline (the worker's time.time()), signal, killed: the
+    # agent's watchdog (torch's file timer, TORCHELASTIC_ENABLE_FILE_TIMER) saw a timer expire
+    WORKER_TIMER_EXPIRED = "worker_timer_expired"
     GROUP_FAILED = "group_failed"  # root_cause{...}, failures[]
     RESTARTING = "restarting"  # reason (failure|membership|command), restarts_used, max_restarts
     WORKERS_STOPPED = "workers_stopped"  # ranks[], reason
@@ -298,6 +301,7 @@ class EventType:
             NODE_JOINED, NODE_LEFT, NODE_LOST, RENDEZVOUS_COMPLETE, WORKERS_STARTED,
             WORKER_EXITED, GROUP_FAILED, RESTARTING, WORKERS_STOPPED, JOB_SUCCEEDED,
             JOB_FAILED, JOB_STOPPED, COMMAND_ACK, LOGS_DROPPED, REDIS_STOPPING,
+            WORKER_TIMER_EXPIRED,
         }
     )
 
@@ -371,6 +375,10 @@ class LogBatch:
 
     ``seq`` numbers a worker's batches within an attempt, so a reader can drop the
     duplicate a retried XADD may write (Redis 7 has no idempotent XADD).
+
+    ``live``: the last line is not finished: it is the latest frame of a line the worker
+    redraws in place with ``\r`` (a progress bar). The first line of the stream's next
+    batch (``seq + 1``) is that same line again, newer or final: it replaces it.
     """
 
     node: str
@@ -381,6 +389,7 @@ class LogBatch:
     seq: int
     lines: list[str]
     id: str = ""
+    live: bool = False
 
     @property
     def server_ms(self) -> int:
@@ -388,8 +397,9 @@ class LogBatch:
 
 
 def encode_log_batch(batch: LogBatch) -> dict[str, str]:
-    """Encode a batch as stream fields; lines are joined with newlines (a line has none)."""
-    return {
+    """Encode a batch as stream fields; lines are joined with newlines (a line has none).
+    ``live`` adds ``live=1`` (a reader that does not know the field shows the frame as a line)."""
+    fields = {
         "v": str(PROTOCOL_VERSION),
         "node": batch.node,
         "rank": str(batch.rank),
@@ -399,6 +409,9 @@ def encode_log_batch(batch: LogBatch) -> dict[str, str]:
         "seq": str(batch.seq),
         "lines": "\n".join(batch.lines),
     }
+    if batch.live:
+        fields["live"] = "1"
+    return fields
 
 
 def decode_log_batch(entry_id: str | bytes, fields: Mapping[Any, Any]) -> LogBatch | None:
@@ -423,6 +436,7 @@ def decode_log_batch(entry_id: str | bytes, fields: Mapping[Any, Any]) -> LogBat
                 seq=_small_int(get(b"seq", b"0")),
                 lines=raw_lines.decode("utf-8", "replace").split("\n"),
                 id=_str(entry_id),
+                live=_LIVE[get(b"live", b"0")],
             )
         else:
             f = _strs(fields)
@@ -439,6 +453,7 @@ def decode_log_batch(entry_id: str | bytes, fields: Mapping[Any, Any]) -> LogBat
                 seq=_small_int(f.get("seq", "0")),
                 lines=f["lines"].split("\n"),
                 id=_str(entry_id),
+                live=_LIVE[f.get("live", "0").encode()],
             )
     except (KeyError, ValueError, TypeError, AttributeError):
         return None
@@ -455,6 +470,8 @@ def _small_int(raw: str | bytes) -> int:
 
 
 _LOG_STREAMS = {STDOUT.encode(): STDOUT, STDERR.encode(): STDERR}
+# ``live`` as written; any other value (KeyError, or TypeError if unhashable) skips the entry.
+_LIVE = {b"0": False, b"1": True}
 _SUPPORTED_V_BYTES = frozenset(str(v).encode() for v in SUPPORTED_VERSIONS)
 
 
@@ -545,13 +562,14 @@ class NodeDescription:
     port: int
     pid: int
     nproc: int = 0  # workers this node runs (0: not an elastic-agent, e.g. torchrun)
+    node_rank: int | None = None  # the group rank a static node asks for
 
     def encode(self) -> str:
-        return json.dumps(
-            {"node": self.node, "host": self.host, "addr": self.addr, "port": self.port,
-             "pid": self.pid, "nproc": self.nproc},
-            separators=(",", ":"),
-        )
+        d: dict[str, Any] = {"node": self.node, "host": self.host, "addr": self.addr,
+                             "port": self.port, "pid": self.pid, "nproc": self.nproc}
+        if self.node_rank is not None:
+            d["node_rank"] = self.node_rank
+        return json.dumps(d, separators=(",", ":"))
 
     @staticmethod
     def decode(raw: str | bytes) -> NodeDescription:
@@ -561,7 +579,8 @@ class NodeDescription:
             raise ProtocolError("node description is not an object")
         return NodeDescription(_name(d, "node"), _name(d, "host"), _name(d, "addr"),
                                _int_in(d, "port", 0, 65535), _int_in(d, "pid", 0, 1 << 31),
-                               _int_in(d, "nproc", 0, MAX_RANK, default=0))
+                               _int_in(d, "nproc", 0, MAX_RANK, default=0),
+                               _int_in(d, "node_rank", 0, MAX_RANK) if "node_rank" in d else None)
 
 
 @dataclass(frozen=True)

@@ -215,8 +215,16 @@ local function complete(round, now)
   local old = {}
   local taken = {}
   local assigned = {}
+  -- A static node (--rdzv-backend static) asked for its rank: it gets it, first come.
   for _, m in ipairs(members) do
-    local r = redis.call('HGET', K_RANKS, m)
+    local ok, d = pcall(cjson.decode, redis.call('HGET', K_NODES, m) or '')
+    local r = ok and type(d) == 'table' and d['node_rank']
+    if type(r) == 'number' and r >= 0 and r < n and r == math.floor(r) and not taken[r] then
+      assigned[m] = r; taken[r] = true
+    end
+  end
+  for _, m in ipairs(members) do
+    local r = assigned[m] == nil and redis.call('HGET', K_RANKS, m)
     if r then
       r = tonumber(r)
       if r < n and not taken[r] then assigned[m] = r; taken[r] = true end
@@ -438,6 +446,7 @@ class RedisRendezvous:
         local_addr: str | None = None,
         node_id: str | None = None,
         nproc: int = 0,
+        node_rank: int | None = None,
         client: redis.Redis | None = None,
         reader: redis.Redis | None = None,
     ) -> None:
@@ -449,6 +458,8 @@ class RedisRendezvous:
         self.local_addr = local_addr or _default_addr()
         self.node_id = node_id or f"{self.host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.nproc = nproc
+        #: The group rank asked for (a static rendezvous); the round still decides.
+        self.node_rank = node_rank
         self._client = client or make_client(self.endpoint)
         self._reader = reader or make_client(self.endpoint, blocking_ms=_BLOCK_CHUNK_MS)
         self._owns_clients = client is None
@@ -510,7 +521,7 @@ class RedisRendezvous:
         want = 0 if self._last_round is None else self._last_round + 1
         desc = NodeDescription(self.node_id, self.host, self.local_addr,
                                free_port(self.local_addr if _bindable(self.local_addr) else ""),
-                               os.getpid(), self.nproc).encode()
+                               os.getpid(), self.nproc, self.node_rank).encode()
         join_deadline = time.monotonic() + s.join_timeout
         last_seen: tuple[Any, ...] = ()
         previous = self._previous_members()

@@ -274,6 +274,15 @@ def create_handler(params: RendezvousParameters) -> RedisRendezvousHandler:
     return RedisRendezvousHandler(core)
 
 
+def numa_bound_argv(argv: Sequence[str], gpu_index: int, mode: str) -> list[str]:
+    """``argv`` as torchrun 2.13 starts the worker of ``gpu_index`` under
+    ``--numa-binding mode``: prefixed with numactl and the CPUs torch picks for that GPU."""
+    from torch.numa.binding import AffinityMode, NumaOptions, _maybe_wrap_command_args_with_numa_binding
+
+    return list(_maybe_wrap_command_args_with_numa_binding(
+        tuple(argv), gpu_index=gpu_index, numa_options=NumaOptions(affinity_mode=AffinityMode(mode))))
+
+
 def cuda_device_count() -> int:
     """GPUs torch can see (for ``--nproc-per-node gpu|auto``)."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

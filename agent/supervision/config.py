@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import sys
 import tempfile
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -57,6 +59,27 @@ class AgentConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
     #: No --log-dir: ``log_dir`` is a fresh private directory the user must be told about.
     log_dir_generated: bool = False
+    #: torchrun's --event-log-handler: ``console`` also prints every event on stderr.
+    event_log_handler: str = "null"
+    #: torchrun's --virtual-local-rank: LOCAL_RANK=0, CUDA_VISIBLE_DEVICES one GPU per worker.
+    virtual_local_rank: bool = False
+    #: torchrun's --numa-binding mode (workers wrapped with numactl by torch's own rules).
+    numa_binding: str | None = None
+    #: --rdzv-backend static: this node's fixed group rank, and the given master.
+    static: StaticPlacement | None = None
+    #: --health-check-port (else $TORCHELASTIC_HEALTH_CHECK_PORT): liveness and /metrics.
+    health_check_port: int | None = None
+
+
+@dataclass(frozen=True)
+class StaticPlacement:
+    """torchrun's static rendezvous: the group rank and the master are given, not agreed.
+    The agents still meet in Redis (events, logs, commands and the console need it) and
+    check that no two claim the same rank."""
+
+    node_rank: int
+    master_addr: str
+    master_port: int
 
 
 class _Parser(argparse.ArgumentParser):
@@ -94,14 +117,17 @@ def build_parser() -> argparse.ArgumentParser:
     a("--nnodes", default="1:1", help="number of nodes, N or MIN:MAX")
     a(*_both("nproc-per-node"), dest="nproc_per_node", default="1",
       help="workers per node: N, auto, cpu or gpu")
-    a(*_both("rdzv-backend"), dest="rdzv_backend", default="redis",
-      help="accepted for torchrun compatibility; elastic-agent always meets in Redis")
+    a(*_both("rdzv-backend"), dest="rdzv_backend", default=None,
+      help="redis (the default: nodes meet in Redis, elastic) or static (torchrun's default "
+      "when --node-rank/--master-addr are given: fixed group ranks and master; Redis still "
+      "carries events, logs and commands)")
     a(*_both("rdzv-endpoint"), dest="rdzv_endpoint", default="",
       help="alias of --redis for torchrun command lines")
     a(*_both("rdzv-id"), dest="rdzv_id", default=None, help="alias of --job-id")
     a(*_both("rdzv-conf"), dest="rdzv_conf", default="",
       help="key=value,...: join_timeout, last_call_timeout, heartbeat_timeout, "
-      "keep_alive_interval (seconds)")
+      "keep_alive_interval (seconds), keep_alive_max_attempt (heartbeats missed before a node "
+      "is lost), as in torch's dynamic rendezvous")
     a(*_both("max-restarts"), dest="max_restarts", default="0",
       help="job-wide restarts allowed after failures (default 0)")
     a(*_both("monitor-interval"), dest="monitor_interval", default="0.1",
@@ -113,7 +139,16 @@ def build_parser() -> argparse.ArgumentParser:
     a(*_both("no-python"), dest="no_python", action="store_true",
       help="run the script as an executable, without python")
     a(*_both("run-path"), dest="run_path", action="store_true",
-      help="run the script with runpy.run_path semantics (a python file path)")
+      help="run the script with runpy.run_path in a python worker (takes precedence over "
+      "--no-python), as torchrun")
+    a(*_both("event-log-handler"), dest="event_log_handler", default="null",
+      help="torch's event log handler: null (default) or console (every event also as a "
+      "JSON line on stderr); the events always go to Redis")
+    a(*_both("virtual-local-rank"), dest="virtual_local_rank", action="store_true",
+      help="LOCAL_RANK=0 in every worker, each seeing only its own GPU as device 0")
+    a(*_both("numa-binding"), dest="numa_binding", default=None,
+      choices=("node", "socket", "exclusive", "core-complex"),
+      help="bind each worker to the CPUs near its GPU (torch's rules; needs GPUs and numactl)")
     a(*_both("log-dir"), dest="log_dir", default=None,
       help="directory for per-rank log files (default: a new private directory in $TMPDIR, "
       "printed at start)")
@@ -126,6 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
       help="only these local ranks show on the terminal, e.g. 0,3")
     a(*_both("log-line-prefix-template"), dest="log_line_prefix_template", default=None,
       help="prefix of terminal lines, with ${role_name}, ${rank} and ${local_rank}")
+    a(*_both("duplicate-stdout-filters"), dest="duplicate_stdout_filters", default=None,
+      help="not supported yet (refused): use elastic-console logs JOB --grep RE")
+    a(*_both("duplicate-stderr-filters"), dest="duplicate_stderr_filters", default=None,
+      help="not supported yet (refused): use elastic-console logs JOB --stderr --grep RE")
+    a(*_both("logs-specs"), dest="logs_specs", default=None,
+      help="not supported yet (refused): the log tree is torchrun's default one, under "
+      "--log-dir")
     a(*_both("local-addr"), dest="local_addr", default=None,
       help="address other nodes reach this one at (default: the host's FQDN)")
     a(*_both("shutdown-timeout"), dest="shutdown_timeout", default="30",
@@ -136,11 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
     a(*_both("exit-barrier-timeout"), dest="exit_barrier_timeout", default="300",
       help="seconds a finished node waits for the others (default 300)")
     a(*_both("node-rank"), dest="node_rank", default=None,
-      help="accepted for compatibility; group ranks come from the rendezvous")
-    a(*_both("master-addr"), dest="master_addr", default=None, help=argparse.SUPPRESS)
-    a(*_both("master-port"), dest="master_port", default=None, help=argparse.SUPPRESS)
+      help="this node's group rank, with --rdzv-backend static (as torchrun)")
+    a(*_both("master-addr"), dest="master_addr", default=None,
+      help="address of group rank 0's host, with --rdzv-backend static (default 127.0.0.1)")
+    a(*_both("master-port"), dest="master_port", default=None,
+      help="MASTER_PORT of the workers, with --rdzv-backend static (default 29500)")
     a(*_both("log-retention"), dest="log_retention", default="200000",
       help="log entries kept per node stream in Redis (default 200000)")
+    a(*_both("health-check-port"), dest="health_check_port", default=None, metavar="PORT",
+      help="serve HTTP liveness (/healthz) and Prometheus metrics (/metrics) on this port "
+      "(default $TORCHELASTIC_HEALTH_CHECK_PORT, else none)")
     a("training_script", nargs="?", help="the worker script (or module, or executable)")
     a("training_script_args", nargs=argparse.REMAINDER)
     return p
@@ -183,19 +230,130 @@ def parse_nproc(value: str) -> int:
     raise UsageError(f"--nproc-per-node {value!r} is not a positive number, auto, cpu or gpu")
 
 
+_RDZV_KEYS = ("join_timeout", "last_call_timeout", "heartbeat_timeout", "keep_alive_interval")
+# torch's keys that have no counterpart here, and why: refused by name, never dropped.
+_TORCH_ONLY_RDZV_KEYS = {
+    "close_timeout": "a closed round here ends at once, there is nothing to wait for",
+    "read_timeout": "it is the etcd/c10d store's read timeout; Redis reads have their own",
+    "timeout": "it is the c10d store's timeout; use join_timeout for the rendezvous",
+    "is_host": "it places torch's c10d TCPStore; nodes meet in Redis here",
+    "store_type": "it picks torch's c10d store; nodes meet in Redis here",
+    "use_libuv": "it configures torch's c10d TCPStore; nodes meet in Redis here",
+    "local_addr": "use --local-addr",
+}
+
+
 def parse_rdzv_conf(value: str) -> dict[str, float]:
-    known = {"join_timeout", "last_call_timeout", "heartbeat_timeout", "keep_alive_interval"}
+    """torch's ``--rdzv-conf`` keys that mean something here, in our settings' names.
+    ``keep_alive_max_attempt`` (torch: heartbeats missed before a node is dead) becomes
+    ``heartbeat_timeout`` = attempts x ``keep_alive_interval`` unless that is given."""
     out: dict[str, float] = {}
+    attempts: float | None = None
     for item in filter(None, (x.strip() for x in value.split(","))):
         key, sep, raw = item.partition("=")
         if not sep:
             raise UsageError(f"--rdzv-conf item {item!r} is not key=value")
         key = key.strip()
-        if key not in known:
-            # torch's own keys (timeout, read_timeout, is_host, ...) mean nothing here.
+        if key in _TORCH_ONLY_RDZV_KEYS:
+            raise UsageError(f"--rdzv-conf {key}: not used by elastic-agent "
+                             f"({_TORCH_ONLY_RDZV_KEYS[key]}); remove it")
+        if key == "keep_alive_max_attempt":
+            attempts = float(_number(raw.strip(), f"--rdzv-conf {key}", int, 1))
             continue
+        if key not in _RDZV_KEYS:
+            raise UsageError(f"--rdzv-conf {key}: unknown key; known: "
+                             f"{', '.join((*_RDZV_KEYS, 'keep_alive_max_attempt'))}")
         out[key] = float(_number(raw.strip(), f"--rdzv-conf {key}", float, 0.001))
+    if attempts is not None and "heartbeat_timeout" not in out:
+        out["heartbeat_timeout"] = attempts * out.get(
+            "keep_alive_interval", RendezvousSettings.keep_alive_interval)
     return out
+
+
+def refuse_unsupported(ns: argparse.Namespace) -> None:
+    """torchrun flags whose behaviour is not built yet: refused, never silently ignored."""
+    for flag, value, instead in (
+            ("--duplicate-stdout-filters", ns.duplicate_stdout_filters,
+             "elastic-console logs JOB --grep RE"),
+            ("--duplicate-stderr-filters", ns.duplicate_stderr_filters,
+             "elastic-console logs JOB --stderr --grep RE"),
+            ("--logs-specs", ns.logs_specs, "--log-dir (torchrun's default layout)")):
+        if value is not None:
+            raise UsageError(f"{flag} is not supported by elastic-agent yet; use {instead}")
+
+
+_EVENT_LOG_HANDLERS = ("null", "console", "dynamic_rendezvous")
+
+
+def parse_event_log_handler(value: str) -> str:
+    """torch's handler names (``torch.distributed.elastic.events.handlers``); a handler
+    registered in the launcher's own process cannot exist for a separate agent."""
+    if value not in _EVENT_LOG_HANDLERS:
+        raise UsageError(f"--event-log-handler {value!r}: elastic-agent knows "
+                         f"{', '.join(_EVENT_LOG_HANDLERS)} (every event is in Redis anyway: "
+                         "elastic-console events JOB --json)")
+    return "null" if value == "dynamic_rendezvous" else value  # torch: a NullHandler too
+
+
+def check_virtual_local_rank(nproc: int, environ: Mapping[str, str]) -> None:
+    """torch raises in the middle of the launch when a worker has no GPU in the parent's
+    CUDA_VISIBLE_DEVICES: say it before anything starts."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and nproc > len(visible.split(",")):
+        raise UsageError(f"--virtual-local-rank: {nproc} workers but CUDA_VISIBLE_DEVICES="
+                         f"{visible!r} names {len(visible.split(','))} GPU(s); lower "
+                         "--nproc-per-node or widen CUDA_VISIBLE_DEVICES")
+
+
+def check_numa_binding(mode: str | None) -> str | None:
+    """torch binds a worker to the CPUs near the GPU of its local rank: without a GPU there
+    is nothing to bind to (torch would fail each worker's launch)."""
+    if mode is None:
+        return None
+    try:
+        from ..coordination.torch_compat import cuda_device_count  # torch only when asked
+    except ImportError:
+        raise UsageError(f"--numa-binding {mode}: needs torch (pip install torch)") from None
+    if not cuda_device_count():
+        raise UsageError(f"--numa-binding {mode}: no CUDA device is visible on this host, "
+                         "and NUMA binding places each worker near its GPU; drop the flag")
+    if not shutil.which("numactl"):
+        raise UsageError(f"--numa-binding {mode}: torch binds workers with numactl, which is "
+                         "not installed (apt-get install numactl)")
+    return mode
+
+
+def parse_static(ns: argparse.Namespace, min_nodes: int, max_nodes: int
+                 ) -> StaticPlacement | None:
+    """torchrun's backend choice: ``static`` is its default, so a torchrun command line with
+    --node-rank or --master-addr and no --rdzv-backend means a static rendezvous."""
+    backend = ns.rdzv_backend
+    given = [f for f, v in (("--node-rank", ns.node_rank), ("--master-addr", ns.master_addr),
+                            ("--master-port", ns.master_port)) if v is not None]
+    if backend is None:
+        backend = "static" if given else "redis"
+    if backend == "redis":
+        if given:
+            raise UsageError(f"{given[0]} is only used with --rdzv-backend static (as in "
+                             "torchrun); with redis the rendezvous picks ranks and master")
+        return None
+    if backend != "static":
+        raise UsageError(f"--rdzv-backend {backend!r}: elastic-agent meets in Redis (redis) "
+                         "or with fixed ranks (static); for c10d/etcd command lines drop the "
+                         "flag and point --redis (or --rdzv-endpoint) at a Redis server")
+    if min_nodes != max_nodes:
+        raise UsageError(f"--rdzv-backend static needs a fixed --nnodes, not "
+                         f"{min_nodes}:{max_nodes}")
+    node_rank = int(_number(ns.node_rank or "0", "--node-rank"))
+    if node_rank >= max_nodes:
+        raise UsageError(f"--node-rank {node_rank} must be below --nnodes {max_nodes}")
+    if max_nodes > 1 and ns.master_addr is None:
+        raise UsageError("--rdzv-backend static with several nodes needs --master-addr (the "
+                         "host of --node-rank 0)")
+    port = int(_number(ns.master_port or "29500", "--master-port", int, 1))
+    if port > 65535:
+        raise UsageError(f"--master-port {port} is not a port (1..65535)")
+    return StaticPlacement(node_rank, ns.master_addr or "127.0.0.1", port)
 
 
 def parse_signals(value: str) -> tuple[int, ...]:
@@ -223,11 +381,23 @@ def check_std_spec(value: str, flag: str) -> str:
     return value
 
 
+# What torchrun's run_script_path does in the worker: argv as the script would see it, then
+# runpy.run_path as __main__.
+RUN_PATH_BOOTSTRAP = ("import runpy, sys; sys.argv = sys.argv[1:]; "
+                      "runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
 def build_entrypoint(ns: argparse.Namespace) -> list[str]:
     script = ns.training_script
     if not script:
         raise UsageError("no training script given: elastic-agent [options] SCRIPT [ARGS...]")
     args = list(ns.training_script_args)
+    if ns.run_path:  # torchrun: takes precedence over --no-python
+        if ns.module:
+            raise UsageError("--run-path and -m cannot be used together")
+        if not Path(script).is_file():
+            raise UsageError(f"training script {script!r} does not exist")
+        return [sys.executable, "-u", "-c", RUN_PATH_BOOTSTRAP, script, *args]
     if ns.no_python and ns.module:
         raise UsageError("--no-python and -m cannot be used together")
     if ns.no_python:
@@ -264,6 +434,8 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
         raise UsageError(f"--job-id: {exc}") from None
     if ns.standalone:
         min_nodes = max_nodes = 1
+    refuse_unsupported(ns)
+    static = parse_static(ns, min_nodes, max_nodes)
     conf = parse_rdzv_conf(ns.rdzv_conf)
     try:
         settings = RendezvousSettings(min_nodes=min_nodes, max_nodes=max_nodes, **conf)
@@ -292,7 +464,15 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
                                            float)),
         standalone=ns.standalone,
         log_retention=int(_number(ns.log_retention, "--log-retention", int, 100)),
+        event_log_handler=parse_event_log_handler(ns.event_log_handler),
+        virtual_local_rank=ns.virtual_local_rank,
+        numa_binding=check_numa_binding(ns.numa_binding),
+        static=static,
+        health_check_port=None if ns.health_check_port is None else int(
+            _number(ns.health_check_port, "--health-check-port")),
     )
+    if cfg.virtual_local_rank:
+        check_virtual_local_rank(cfg.nproc, env)
     if cfg.log_dir_generated:
         # Made last, so a rejected command line leaves no directory behind.
         cfg = replace(cfg, log_dir=default_log_dir() / job_id)

@@ -46,6 +46,7 @@ from ..coordination.rendezvous import (
     RedisRendezvous,
     RendezvousClosedError,
     RendezvousConnectionError,
+    RendezvousError,
     RendezvousProgress,
     RendezvousResult,
 )
@@ -54,10 +55,12 @@ from ..coordination.text import terminal_line
 from .commands import CommandReader, Rejected
 from .config import AgentConfig
 from .events import EventSink, ResourceSampler
+from .health import HealthCheck
 from .job_records import JobRecords
 from .logs import LogConfig, NodeLogs, make_logs_drop_marker, parse_std_spec
 from .loops import keep_running
 from .publisher import StreamPublisher
+from .watchdog import Watchdog
 from .workers import GroupResult, RankAssignment, WorkerExit, WorkerGroup, WorkerSpec, WorkerState
 
 log = logging.getLogger(__name__)
@@ -111,12 +114,14 @@ class ElasticAgent:
         self.term = terminal or sys.stderr
         self._colour = _isatty(self.term)
         self.rdzv = RedisRendezvous(config.endpoint, config.job_id, config.rendezvous,
-                                    local_addr=config.local_addr, nproc=config.nproc)
+                                    local_addr=config.local_addr, nproc=config.nproc,
+                                    node_rank=config.static.node_rank if config.static else None)
         self.node_id = self.rdzv.node_id
         self.host = socket.gethostname()
         self.publisher = StreamPublisher(
             config.endpoint, make_drop_marker=make_logs_drop_marker(config.job_id, self.node_id))
-        self.events = EventSink(self.publisher, config.job_id, self.node_id)
+        self.events = EventSink(self.publisher, config.job_id, self.node_id,
+                                echo=sys.stderr if config.event_log_handler == "console" else None)
         self._client: aioredis.Redis = make_async_client(config.endpoint)
         self._reader: aioredis.Redis = make_async_client(config.endpoint, blocking_ms=30_000)
         self.node_logs = NodeLogs(
@@ -130,10 +135,13 @@ class ElasticAgent:
                        max_restarts=config.max_restarts, run_id=config.job_id,
                        redis_url=config.endpoint.url, job_id=config.job_id,
                        log_dir=config.log_dir, shutdown_timeout=config.shutdown_timeout,
-                       extra_env=config.extra_env),
+                       extra_env=config.extra_env, virtual_local_rank=config.virtual_local_rank,
+                       numa_binding=config.numa_binding),
             logs=self.node_logs, on_exit=self._on_worker_exit)
         self.sampler = ResourceSampler(self._client, config.job_id, self.node_id)
         self.records = JobRecords(self._client, config.job_id, self.node_logs.stream_key)
+        self.watchdog = Watchdog.from_environ(self.events.emit, self.say).attach(self.group)
+        self.health = HealthCheck.for_agent(self)
         self._round: _Round | None = None
         self._attempt = -1
         self._signal: asyncio.Future[int] | None = None
@@ -158,11 +166,15 @@ class ElasticAgent:
         background = [asyncio.create_task(self._read_commands(), name="commands"),
                       asyncio.create_task(self.sampler.run(), name="resources")]
         try:
+            await self.watchdog.start()
+            self.health.start()
             return await self._main()
         finally:
             for t in background:
                 t.cancel()
             await self.group.stop()
+            self.watchdog.close()
+            self.health.stop()
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.rdzv.shutdown)
             await self.publisher.close(flush_timeout=5.0)
@@ -292,10 +304,19 @@ class ElasticAgent:
         world = info.total_workers or self.cfg.nproc * result.group_world_size
         base = info.base_rank(result.group_rank) if info.total_workers else (
             result.group_rank * self.cfg.nproc)
+        master_addr, master_port = result.master_addr, result.master_port
+        static = self.cfg.static
+        if static is not None:
+            if result.group_rank != static.node_rank:
+                await asyncio.to_thread(self.rdzv.shutdown)
+                raise RendezvousError(
+                    f"--node-rank {static.node_rank} is taken by another node of job "
+                    f"{self.cfg.job_id!r}; give every node its own --node-rank below --nnodes")
+            master_addr, master_port = static.master_addr, static.master_port
         assignment = RankAssignment(
             group_rank=result.group_rank, group_world_size=result.group_world_size,
-            world_size=world, base_rank=base, master_addr=result.master_addr,
-            master_port=result.master_port, restart_count=restarts, attempt=self._attempt)
+            world_size=world, base_rank=base, master_addr=master_addr,
+            master_port=master_port, restart_count=restarts, attempt=self._attempt)
         self._round = _Round(result, self._attempt, restarts, info.completed_ms, world)
         if self.records.created_ms is None:
             created = await self._redis("reading the job's creation time", lambda: (
@@ -334,6 +355,7 @@ class ElasticAgent:
                          pids=[w.pid for w in workers], host=self.host, **extra)
 
     def _on_worker_exit(self, e: WorkerExit) -> None:
+        e = self.watchdog.explain(e)  # a watchdog kill: the timer is the message
         data = e.event_data()
         data["attempt"] = self._attempt
         data["round"] = self._round.result.round if self._round else None
@@ -465,6 +487,7 @@ class ElasticAgent:
 
     async def _on_failure(self, res: GroupResult) -> int | None:
         assert self._round is not None
+        res = self.watchdog.explain_result(res)
         rnd = self._round.result.round
         try:
             claimed, used = await self._redis("counting the restart", lambda: self._client.eval(

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TextIO
 
 import psutil
 import redis.asyncio as aioredis
@@ -28,13 +28,19 @@ log = logging.getLogger(__name__)
 
 
 class EventSink:
-    """Writes this node's events. ``emit`` never blocks and never raises for Redis."""
+    """Writes this node's events. ``emit`` never blocks and never raises for Redis.
 
-    def __init__(self, publisher: StreamPublisher, job_id: str, node_id: str) -> None:
+    ``echo``: where torchrun's ``--event-log-handler console`` would log them too, one JSON
+    object per line in the shape of torch's ``Event.serialize()`` (name, source, timestamp in
+    ms, metadata)."""
+
+    def __init__(self, publisher: StreamPublisher, job_id: str, node_id: str,
+                 echo: TextIO | None = None) -> None:
         self._publisher = publisher
         self._key = JobKeys(job_id).events
         self.node_id = node_id
         self._seq = 0
+        self._echo = echo
 
     def emit(self, event_type: str, **data: Any) -> None:
         if event_type not in EventType.ALL:
@@ -43,6 +49,13 @@ class EventSink:
         self._publisher.publish(
             self._key, protocol.encode_event(event_type, self.node_id, data, self._seq),
             protocol.EVENTS_MAXLEN, droppable=False)
+        if self._echo is not None:
+            line = json.dumps({"name": f"elastic_agent.{event_type}", "source": "AGENT",
+                               "timestamp": int(time.time() * 1000),
+                               "metadata": {"node": self.node_id, **data}}, default=str)
+            with contextlib.suppress(OSError, ValueError):  # a closed stderr loses only this
+                self._echo.write(line + "\n")
+                self._echo.flush()
 
 
 class ResourceSampler:

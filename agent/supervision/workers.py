@@ -102,6 +102,8 @@ class WorkerSpec:
     shutdown_timeout: float = 30.0
     use_agent_store: bool = False
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    virtual_local_rank: bool = False
+    numa_binding: str | None = None
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
@@ -166,7 +168,7 @@ def worker_env(spec: WorkerSpec, assignment: RankAssignment, local_rank: int,
         env["OMP_NUM_THREADS"] = "1"
     env.update({
         "RANK": str(assignment.global_rank(local_rank)),
-        "LOCAL_RANK": str(local_rank),
+        "LOCAL_RANK": "0" if spec.virtual_local_rank else str(local_rank),
         "GROUP_RANK": str(assignment.group_rank),
         "ROLE_RANK": str(assignment.role_rank(local_rank)),
         "ROLE_NAME": spec.role,
@@ -185,7 +187,23 @@ def worker_env(spec: WorkerSpec, assignment: RankAssignment, local_rank: int,
         "ELASTIC_REDIS_URL": spec.redis_url,
         "ELASTIC_JOB_ID": spec.job_id,
     })
+    if spec.virtual_local_rank:
+        # torch's LocalElasticAgent: each worker sees only its own GPU, as device 0.
+        visible = (base_env if base_env is not None else os.environ).get("CUDA_VISIBLE_DEVICES")
+        gpus = visible.split(",") if visible is not None else None
+        env["CUDA_VISIBLE_DEVICES"] = (gpus[local_rank].strip() if gpus is not None
+                                       and local_rank < len(gpus) else str(local_rank))
     return env
+
+
+def worker_argv(spec: WorkerSpec, local_rank: int) -> list[str]:
+    """The worker's command line: the entrypoint, wrapped in numactl by torch's own rules
+    under ``--numa-binding`` (torch imported only then)."""
+    if spec.numa_binding is None:
+        return list(spec.entrypoint)
+    from ..coordination.torch_compat import numa_bound_argv
+
+    return numa_bound_argv(spec.entrypoint, local_rank, spec.numa_binding)
 
 
 @dataclass(frozen=True)
@@ -454,7 +472,7 @@ class WorkerGroup:
                         open(read_end, "rb", buffering=0))  # noqa: SIM115 - the transport's
                     w.pipes.append(pipe)
                 env = worker_env(spec, assignment, w.local_rank, self._base_env)
-                requests.append(([os.fsencode(a) for a in spec.entrypoint],
+                requests.append(([os.fsencode(a) for a in worker_argv(spec, w.local_rank)],
                                  {os.fsencode(k): os.fsencode(v) for k, v in env.items()},
                                  *ends))
             handle.process, _ = await loop.subprocess_exec(
