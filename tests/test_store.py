@@ -231,7 +231,7 @@ def test_get_timeout_names_the_key(store: RedisStore, job_id: str) -> None:
     assert 0.3 <= elapsed < 2.0
     assert isinstance(info.value, TimeoutError)
     assert str(info.value) == (
-        f"timed out after 0.3 s waiting for key(s) 'never' in store namespace 'test' "
+        f"timeout after 0.3 s waiting for key(s) 'never' in store namespace 'test' "
         f"of job '{job_id}'"
     )
     assert info.value.keys == ["never"]
@@ -371,7 +371,7 @@ def test_barrier_timeout_names_missing_ranks(store: RedisStore) -> None:
         with pytest.raises(StoreTimeoutError) as info:
             w.outcome()
         assert str(info.value) == (
-            "barrier 'b' timed out after 0.5 s: 2 of 4 ranks arrived; missing ranks: 1, 3"
+            "barrier 'b': timeout after 0.5 s: 2 of 4 ranks arrived; missing ranks: 1, 3"
         )
 
 
@@ -417,5 +417,5 @@ def test_synchronize_timeout_names_missing_ranks(store: RedisStore) -> None:
     with pytest.raises(StoreTimeoutError) as info:
         synchronize(store, b"x", 1, 3, "sy", timeout=0.2)
     assert str(info.value) == (
-        "synchronize 'sy' timed out after 0.2 s: 1 of 3 ranks arrived; missing ranks: 0, 2"
+        "synchronize 'sy': timeout after 0.2 s: 1 of 3 ranks arrived; missing ranks: 0, 2"
     )

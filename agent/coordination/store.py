@@ -491,7 +491,7 @@ class RedisStore:
                 return [bytes(v) if isinstance(v, (bytes, bytearray)) else None for v in found]
             if deadline is not None and time.monotonic() >= deadline:
                 raise StoreTimeoutError(
-                    f"timed out after {_fmt_seconds(seconds)} s waiting for key(s) "
+                    f"timeout after {_fmt_seconds(seconds)} s waiting for key(s) "
                     f"{_quoted(missing)} in {self._describe()}",
                     missing, seconds,
                 )
@@ -586,7 +586,7 @@ def barrier(
             arrived = min(world_size, store.add(f"{key_prefix}/arrivals", 0) - gen * world_size)
             detail = f"{arrived} of {world_size} ranks arrived"
         raise StoreTimeoutError(
-            f"barrier {key_prefix!r} timed out after {_fmt_seconds(seconds)} s: {detail}",
+            f"barrier {key_prefix!r}: timeout after {_fmt_seconds(seconds)} s: {detail}",
             exc.keys, seconds,
         ) from None
 
@@ -627,7 +627,7 @@ def synchronize(
         seconds = _seconds(timeout)
         absent = _absent_ranks(store, prefix, world_size)
         raise StoreTimeoutError(
-            f"synchronize {key_prefix!r} timed out after {_fmt_seconds(seconds)} s: "
+            f"synchronize {key_prefix!r}: timeout after {_fmt_seconds(seconds)} s: "
             f"{world_size - len(absent)} of {world_size} ranks arrived; "
             f"missing ranks: {', '.join(map(str, absent))}",
             exc.keys, seconds,
