@@ -21,12 +21,14 @@ AGENT = [sys.executable, "-m", "elastic_agent.supervision.cli"]
 class Agent:
     """One elastic-agent process; output goes to a file so a chatty job never blocks it."""
 
-    def __init__(self, args: list[str], tmp: Path, name: str, env: dict[str, str] | None = None):
+    def __init__(self, args: list[str], tmp: Path, name: str, env: dict[str, str] | None = None,
+                 prefix: list[str] | None = None):
+        """``prefix`` goes before the command (``ip netns exec NS``: another host)."""
         self.out_path = tmp / f"{name}.out"
         self._out = open(self.out_path, "wb")  # noqa: SIM115 - closed in wait()
         full_env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1",
                     **(env or {})}
-        self.proc = subprocess.Popen([*AGENT, *args], stdout=self._out,
+        self.proc = subprocess.Popen([*(prefix or []), *AGENT, *args], stdout=self._out,
                                      stderr=subprocess.STDOUT, env=full_env,
                                      start_new_session=True)
         self.pid = self.proc.pid

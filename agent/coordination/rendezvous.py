@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
@@ -476,6 +476,12 @@ class RedisRendezvous:
         self._desc = ""
         #: How many times this node put the rendezvous back after finding it gone.
         self.restorations = 0
+        #: When (``time.monotonic()``) the last heartbeat that reached Redis was sent; None
+        #: before the first. Redis stamped it later, so no node can call this one lost before
+        #: this plus the heartbeat timeout: the agent fences its workers on it.
+        self.renewed_at: float | None = None
+        self._renewal_done: float | None = None  # when that heartbeat's reply came back
+        self._judge_after = 0.0  # see _may_judge
         self._stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -528,11 +534,13 @@ class RedisRendezvous:
         while True:
             if self._stop.is_set():  # shutdown() from another thread: do not join again
                 raise RendezvousClosedError(f"node {self.node_id} left the rendezvous")
+            sent = time.monotonic()
             status, rnd, now, wake, notify_id, payload, joins_id = self._call(
                 self._join,
                 [self.node_id, desc, s.min_nodes, s.max_nodes, int(s.last_call_timeout * 1000),
                  int(s.heartbeat_timeout * 1000), want],
             )
+            self.renewed_at = max(self.renewed_at or sent, sent)  # a join beats too
             status = status.decode()
             if status == "closed":
                 raise RendezvousClosedError(
@@ -620,8 +628,23 @@ class RedisRendezvous:
         """``membership()`` plus the lost members that this call was first to see.
 
         Exactly one caller across the job gets each lost node, so it alone reports it.
+        A node that cannot judge now (see ``_may_judge``) calls nobody lost: ``lost`` is empty.
         """
+        if not self._may_judge():
+            m, _ = self._read_membership(mark_lost=False)
+            return replace(m, lost=[]), []
         return self._read_membership(mark_lost=True)
+
+    def _may_judge(self) -> bool:
+        """Whether this node may call others lost now: not while its own heartbeats are not
+        getting through, nor for a heartbeat timeout after they were held up for a while.
+        From here an outage of Redis or of the network that cut every node off looks the same
+        as this node being cut off alone; when it ends, the others' heartbeats are as stale as
+        ours until they have had the time to beat again (and their clients may reconnect
+        seconds after ours). A node really gone meanwhile is seen that much later."""
+        now, gap = time.monotonic(), self.settings.heartbeat_timeout / 2
+        done = self._renewal_done
+        return done is not None and now - done <= gap and now >= self._judge_after
 
     def _read_membership(self, mark_lost: bool) -> tuple[Membership, list[str]]:
         s = self.settings
@@ -687,7 +710,14 @@ class RedisRendezvous:
     def heartbeat(self) -> None:
         """Beat; if Redis lost the rendezvous while this node runs a round, put it back and
         list the job again (everything a reader needs of the rendezvous)."""
+        sent = time.monotonic()
         _, restored = self._call(self._heartbeat, [self.node_id, self._desc, self._round_json])
+        done = time.monotonic()
+        if self._renewal_done is not None and done - self._renewal_done > (
+                self.settings.heartbeat_timeout / 2):
+            self._judge_after = done + self.settings.heartbeat_timeout  # held up: _may_judge
+        self.renewed_at = max(self.renewed_at or sent, sent)
+        self._renewal_done = done
         if restored:
             self.restorations += 1
             log.warning("Redis lost the rendezvous of job %s; round %s put back", self.job_id,

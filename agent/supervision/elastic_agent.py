@@ -55,6 +55,7 @@ from ..coordination.text import terminal_line
 from .commands import CommandReader, Rejected
 from .config import AgentConfig
 from .events import EventSink, ResourceSampler
+from .fence import Fence
 from .health import HealthCheck
 from .job_records import JobRecords
 from .logs import LogConfig, NodeLogs, make_logs_drop_marker, parse_std_spec
@@ -140,6 +141,8 @@ class ElasticAgent:
             logs=self.node_logs, on_exit=self._on_worker_exit)
         self.sampler = ResourceSampler(self._client, config.job_id, self.node_id)
         self.records = JobRecords(self._client, config.job_id, self.node_logs.stream_key)
+        # Cut off from Redis, this node freezes its workers before others may take their ranks.
+        self.fence = Fence(self.rdzv, self.group, config.rendezvous.heartbeat_timeout, self.say)
         self.watchdog = Watchdog.from_environ(self.events.emit, self.say).attach(self.group)
         self.health = HealthCheck.for_agent(self)
         self._round: _Round | None = None
@@ -370,6 +373,7 @@ class ElasticAgent:
         assert self._signal is not None
         group = asyncio.ensure_future(self.group.wait())
         watch = asyncio.ensure_future(self._watch_membership())
+        fence = asyncio.ensure_future(self.fence.watch(self._round.result.group_world_size))
         try:
             while True:
                 action = asyncio.ensure_future(self._actions.get())
@@ -392,7 +396,7 @@ class ElasticAgent:
                     return Outcome.FAILED, res
                 return watch.result()
         finally:
-            for t in (group, watch):
+            for t in (group, watch, fence):
                 t.cancel()
 
     def _restart_still_due(self, cmd: Command) -> bool:
@@ -430,6 +434,8 @@ class ElasticAgent:
                     return Outcome.CLOSED, None
                 if m.round > my_round:
                     return Outcome.REFORM, _NEWER_ROUND
+                if self.node_id in m.members:
+                    self.fence.thaw()  # frozen workers go on if this node's beats get through
                 if self.rdzv.waiting_count(m, include_lost=not in_grace) > 0:
                     why = []
                     if m.lost and not in_grace:
@@ -481,6 +487,7 @@ class ElasticAgent:
 
     async def _stop_workers(self, reason: str) -> None:
         ranks = [w.global_rank for w in self.group.workers]
+        self.fence.kill()  # frozen workers never run again: others may hold their ranks
         await self.group.stop()
         self.events.emit(EventType.WORKERS_STOPPED, ranks=ranks, reason=reason,
                          attempt=self._attempt)
@@ -887,7 +894,7 @@ class _LeavableStore(RedisStore):
             remaining = _BARRIER_SLICE_S if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 names = [k.decode() if isinstance(k, bytes) else k for k in keys]
-                raise StoreTimeoutError(f"timed out after {seconds:g} s waiting for {names}",
+                raise StoreTimeoutError(f"timeout after {seconds:g} s waiting for {names}",
                                         names, seconds)
             with contextlib.suppress(StoreTimeoutError):
                 super().wait(keys, min(remaining, _BARRIER_SLICE_S))
