@@ -28,13 +28,15 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 test: tools lint
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest --durations=25 $(PYTEST_ARGS)
 
 bench: redis
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/rendezvous_bench.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/launch_bench.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/log_view_bench.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/console_bench.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/watchdog_bench.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/chaos.py --agents 16 --workers 8 --duration 150 --seed 1
 
 screenshots: redis
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/screenshots.py
