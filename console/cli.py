@@ -31,9 +31,10 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import sys
 import time
-from collections import deque
+import unicodedata
 from collections.abc import Callable, Coroutine, Iterable
 from typing import IO, Any, NoReturn
 
@@ -402,45 +403,135 @@ async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
 # -- logs ---------------------------------------------------------------------------------
 
 class _LogPrinter:
-    """Filters, dedupes and prints log batches as ``[rank R] text`` lines."""
+    """Filters, dedupes and prints log batches as ``[rank R] text`` lines.
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    A line a worker redraws in place (a progress bar: a ``live`` batch's last line, replaced
+    by the first line of its stream's next batch) is printed as a terminal shows it, never
+    frame by frame. ``logs`` prints every line in its latest state (an unfinished one where
+    its latest frame came). ``logs -f`` on a terminal keeps the newest unfinished line on the
+    last row, rewritten with ``\\r`` as it changes, and prints it for good once it is
+    finished; into a pipe or a file it prints finished lines only, since that output is kept
+    or read by programs, for which a frame is noise and a rewrite is garbage.
+    """
+
+    def __init__(self, args: argparse.Namespace, tty: bool = False) -> None:
         self.rank: int | None = args.rank
         self.stderr_only: bool = args.stderr
         self.dedupe = BatchDeduper()
+        self.tty = tty
         try:
             self.grep = re.compile(args.grep) if args.grep is not None else None
         except re.error as exc:
             raise CliError(f"bad --grep pattern {args.grep!r}: {exc}", EXIT_USAGE) from None
+        self._status: tuple[tuple[str, int, str, int], str] | None = None  # stream, line
+        self._shown = False  # the status line is on the terminal's last row
 
-    def lines(self, batch: LogBatch) -> list[str]:
-        if (self.rank is not None and batch.rank != self.rank) or (
-                self.stderr_only and batch.stream != STDERR) or self.dedupe.seen(batch):
-            return []
-        prefix = f"[rank {batch.rank}] "
-        if self.grep is None:
-            return [prefix + raw for raw in batch.lines]
+    def _wanted(self, batch: LogBatch) -> bool:
+        return not ((self.rank is not None and batch.rank != self.rank) or (
+            self.stderr_only and batch.stream != STDERR) or self.dedupe.seen(batch))
+
+    def _match(self, raw: str) -> bool:
         # The pattern is matched against what the reader sees: escaped, without colours.
-        return [prefix + raw for raw in batch.lines
-                if self.grep.search(strip_sgr(sanitize(raw)))]
+        return self.grep is None or self.grep.search(strip_sgr(sanitize(raw))) is not None
+
+    def history(self, batches: list[LogBatch], n: int, follow: bool) -> list[str]:
+        """The last ``n`` lines of ``batches``, oldest first, each in its latest state: a frame
+        that a later batch of its stream replaced is left out, and so is a still unfinished
+        line when following (the newest one becomes the status line on a terminal)."""
+        kept = [b for b in batches if self._wanted(b)]  # forward: the deduper needs the order
+        out: list[str] = []
+        later: set[tuple[str, int, str, int]] = set()  # streams with a newer batch
+        for b in reversed(kept):
+            if len(out) >= n:
+                break
+            key = (b.node, b.rank, b.stream, b.attempt)
+            lines = b.lines
+            prefix = f"[rank {b.rank}] "
+            if b.live:
+                if (follow and self.tty and self._status is None and key not in later
+                        and self._match(lines[-1])):
+                    self._status = (key, prefix + lines[-1])
+                if follow or key in later:
+                    lines = lines[:-1]
+            later.add(key)
+            for raw in reversed(lines):
+                if self._match(raw):
+                    out.append(prefix + raw)
+                    if len(out) >= n:
+                        break
+        out.reverse()
+        return out
+
+    def follow(self, rec: object) -> list[str]:
+        """The finished lines of a followed record to print; on a terminal they are written
+        here, around the status line (so nothing is returned)."""
+        if not isinstance(rec, LogBatch) or not self._wanted(rec):
+            return []
+        lines, live = rec.lines, None
+        if rec.live:
+            lines, live = lines[:-1], lines[-1]
+        prefix = f"[rank {rec.rank}] "
+        done = [prefix + raw for raw in lines if self._match(raw)]
+        if not self.tty:
+            return done
+        key = (rec.node, rec.rank, rec.stream, rec.attempt)
+        if self._status is not None and self._status[0] == key:
+            self._status = None  # that line finished, or has a newer frame below
+        if live is not None and self._match(live):
+            self._status = (key, prefix + live)
+        self.redraw(done)
+        return []
+
+    def redraw(self, done: Iterable[str] = ()) -> None:
+        """On a terminal: erase the status line, print ``done``, draw the status line again
+        (cut to the terminal's width: a wrapped line could not be rewritten with ``\\r``)."""
+        parts = ["\r\x1b[K"] if self._shown else []
+        parts.extend(terminal_line(line, True) + "\n" for line in done)
+        self._shown = self._status is not None
+        if self._status is not None:
+            width = max(10, shutil.get_terminal_size().columns - 1)
+            parts.append(_fit(terminal_line(self._status[1], False), width))
+        if parts:
+            sys.stdout.write("".join(parts))
+            sys.stdout.flush()
+
+    def close(self) -> None:
+        """Leave the terminal on a new line after a status line."""
+        if self._shown:
+            self._shown = False
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+
+
+def _fit(text: str, width: int) -> str:
+    """``text`` (no control characters) cut to ``width`` terminal cells."""
+    if text.isascii():
+        return text[:width]
+    out, used = [], 0
+    for ch in text:
+        cells = 0 if unicodedata.combining(ch) else (
+            2 if unicodedata.east_asian_width(ch) in "WF" else 1)
+        if used + cells > width:
+            break
+        out.append(ch)
+        used += cells
+    return "".join(out)
 
 
 async def _logs(ep: Endpoint, args: argparse.Namespace) -> int:
     job = _job(args)
-    printer = _LogPrinter(args)
+    printer = _LogPrinter(args, tty=sys.stdout.isatty())
     client = await _open(ep, job)
     try:
         _, batches = await client.history(max_events=0,
                                           max_log_entries_per_stream=max(2_000, args.tail))
-        tail: deque[str] = deque(maxlen=args.tail)
-        for b in batches:
-            tail.extend(printer.lines(b))
-        _write(tail)
+        _write(printer.history(batches, args.tail, args.follow))
         sys.stdout.flush()
         if args.follow:
-            await _follow(client, ep, logs=True, render=lambda rec: printer.lines(rec)
-                          if isinstance(rec, LogBatch) else [])
+            printer.redraw()  # an unfinished line of the history, if any
+            await _follow(client, ep, logs=True, render=printer.follow)
     finally:
+        printer.close()
         await client.close()
     return EXIT_OK
 

@@ -8,7 +8,9 @@ next 1, and so on, for the life of the buffer. Only the newest ``capacity`` line
     buffer[i]                                    # O(1), i relative to the oldest line held
 
 A view remembers the ``total_appended`` it has seen: lines ``[seen, total_appended)`` are new,
-and lines below ``first_seq`` fell off the front. Storage is a plain list used as a ring
+and lines below ``first_seq`` fell off the front. A line redrawn in place (a progress bar) is
+changed with :meth:`~LogBuffer.replace`: a view also remembers ``edits`` and asks
+:meth:`~LogBuffer.edited_since` which lines changed. Storage is a plain list used as a ring
 (``seq % capacity``), grown lazily up to ``capacity``: unlike ``collections.deque``, indexing
 the middle is O(1), and ``extend`` is a couple of slice assignments (C speed).
 
@@ -17,10 +19,14 @@ Not thread-safe: one writer, on the thread that also reads it (the console's eve
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple, overload
 
 __all__ = ["LogBuffer", "LogLine"]
+
+#: Replacements remembered for views; a view that missed more redraws everything.
+EDITS_KEPT = 1024
 
 
 class LogLine(NamedTuple):
@@ -39,7 +45,7 @@ class LogLine(NamedTuple):
 class LogBuffer(Sequence[LogLine]):
     """The newest ``capacity`` lines appended, oldest first, and a count of all ever appended."""
 
-    __slots__ = ("_buf", "_cap", "_start", "_total")
+    __slots__ = ("_buf", "_cap", "_edited", "_edits", "_start", "_total")
 
     def __init__(self, capacity: int = 200_000) -> None:
         if capacity < 1:
@@ -48,6 +54,8 @@ class LogBuffer(Sequence[LogLine]):
         self._buf: list[LogLine] = []  # grows to _cap, then is a ring indexed by seq % _cap
         self._total = 0  # lines ever appended
         self._start = 0  # seq of the oldest line held (moves on overflow and on clear())
+        self._edits = 0  # lines ever replaced
+        self._edited: deque[int] = deque(maxlen=EDITS_KEPT)  # their seqs, newest last
 
     # -- sizes and counters -------------------------------------------------------------------
 
@@ -124,6 +132,31 @@ class LogBuffer(Sequence[LogLine]):
         if self._total - self._start > cap:
             self._start = self._total - cap
         return n
+
+    def replace(self, seq: int, line: LogLine) -> bool:
+        """Put ``line`` where the line ``seq`` is (a newer state of a line redrawn in place).
+        False if that line is not held any more. Counted in :attr:`edits`."""
+        if not self._start <= seq < self._total:
+            return False
+        self._buf[seq % self._cap] = line
+        self._edits += 1
+        self._edited.append(seq)
+        return True
+
+    @property
+    def edits(self) -> int:
+        """Replacements ever made (monotonic)."""
+        return self._edits
+
+    def edited_since(self, edits: int) -> list[int] | None:
+        """The seqs replaced since :attr:`edits` was ``edits``, oldest first (a seq may repeat);
+        None if that is more than the buffer remembers (:data:`EDITS_KEPT`)."""
+        n = self._edits - edits
+        if n <= 0:
+            return []
+        if n > len(self._edited):
+            return None
+        return list(self._edited)[-n:]
 
     def clear(self) -> None:
         """Forget every line held; ``total_appended`` keeps counting (views see a front drop)."""

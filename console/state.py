@@ -36,6 +36,7 @@ event                       effect
 ``job_stopped``             job -> ``stopped``
 ``command_ack``             recorded for :meth:`JobView.acks_for` (one per node per command)
 ``logs_dropped``            ``lines_dropped`` += count
+``worker_timer_expired``    timeline entry (rank, scope, what the watchdog did; detail: deadline)
 ==========================  ================================================================
 
 The meta hash gives ``min_nodes``, ``max_nodes``, ``max_restarts``, ``created_ms`` and, for
@@ -82,6 +83,7 @@ from typing import Any, NamedTuple
 from elastic_agent.coordination.protocol import Event, EventType, LogBatch
 from elastic_agent.coordination.text import sanitize
 
+from .inplace import InPlaceRows
 from .logbuffer import LogBuffer, LogLine
 
 __all__ = ["BatchDeduper", "ConnectionChange", "JobView", "LogBuffer", "LogLine", "NodeInfo",
@@ -265,6 +267,8 @@ class JobView:
         self._round_nodes: list[str] = []  # node ids of the last completed round
         self._acks: dict[str, dict[str, tuple[str, str, str]]] = {}
         self._dedupe = BatchDeduper()
+        # Lines redrawn in place: (rank ring seq, interleaved ring seq) of each unfinished one.
+        self._inplace: InPlaceRows[tuple[int, int]] = InPlaceRows()
         self._recent_events: deque[tuple[str, ...]] = deque()
         self._recent_set: set[tuple[str, ...]] = set()
         self._seen_seq_order: deque[tuple[str, ...]] = deque()
@@ -443,7 +447,9 @@ class JobView:
         self.version += 1
 
     def apply_logs(self, batch: LogBatch) -> None:
-        """Append a batch's lines to its rank and to the interleaved view: O(lines)."""
+        """Append a batch's lines to its rank and to the interleaved view: O(lines). A line
+        redrawn in place (``batch.live``, :mod:`~elastic_console.inplace`) is one row in both,
+        replaced by each newer state."""
         try:
             rank, lines, stream = batch.rank, batch.lines, batch.stream
             if type(rank) is not int or not isinstance(lines, list):
@@ -456,14 +462,24 @@ class JobView:
             # them at C speed.
             n = len(lines)
             made = list(zip(repeat(ms, n), repeat(rank, n), repeat(stream, n), map(sanitize, lines)))
+            row = self._inplace.take(batch)
         except Exception:
             self.ignored += 1
             return
         buf = self.logs.get(rank)
         if buf is None:
             buf = self.logs[rank] = LogBuffer(self.scrollback)
+        if row is not None and made:
+            first = made.pop(0)
+            buf.replace(row[0], first)  # type: ignore[arg-type]
+            self.all_logs.replace(row[1], first)  # type: ignore[arg-type]
         buf.extend(made)  # type: ignore[arg-type]  # plain 4-tuples, LogLine-compatible
         self.all_logs.extend(made)  # type: ignore[arg-type]
+        if batch.live is True:
+            if made:
+                row = (buf.total_appended - 1, self.all_logs.total_appended - 1)
+            if row is not None:
+                self._inplace.hold(batch, row)
         rs = self.ranks.get(rank)
         if rs is None and (self.world_size is None or 0 <= rank < self.world_size):
             # Lines can arrive before the workers_started event (different streams).
@@ -651,6 +667,19 @@ class JobView:
             self._note(ev, "failure", f"rank {rank} failed on {host}: {what}",
                        _traceback(d.get("error_file")) or what)
 
+    def _on_worker_timer_expired(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        rank = _int(d.get("rank"), None)
+        scope = d.get("scope")
+        if rank is None or not isinstance(scope, str):
+            self.ignored += 1
+            return
+        host = d.get("host") or self._host_of(node)
+        did = f"killed with {d.get('signal')}" if d.get("killed") is True else "not killed"
+        deadline = _float(d.get("deadline"), None)
+        self._note(ev, "watchdog", f"rank {rank} on {host}: timer {scope[:200]!r} expired; {did}",
+                   f"scope: {scope}\ndeadline: {_q(deadline)} (the worker's time.time())\n"
+                   f"pid: {_q(_int(d.get('pid'), None))}")
+
     def _on_workers_stopped(self, ev: Event, node: str, d: dict[str, Any]) -> None:
         for r in d.get("ranks") or []:
             rs = self.ranks.get(_int(r, -1))
@@ -738,6 +767,7 @@ class JobView:
         EventType.RENDEZVOUS_COMPLETE: _on_rendezvous_complete,
         EventType.WORKERS_STARTED: _on_workers_started,
         EventType.WORKER_EXITED: _on_worker_exited,
+        EventType.WORKER_TIMER_EXPIRED: _on_worker_timer_expired,
         EventType.WORKERS_STOPPED: _on_workers_stopped,
         EventType.GROUP_FAILED: _on_group_failed,
         EventType.RESTARTING: _on_restarting,

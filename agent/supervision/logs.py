@@ -12,6 +12,17 @@ Every chunk a worker writes to stdout or stderr goes three ways:
    (:class:`~elastic_agent.coordination.protocol.LogBatch`), through a
    :class:`~elastic_agent.supervision.publisher.StreamPublisher`.
 
+Redis gets what a terminal shows, not the bytes: a line redrawn with ``\\r`` (a progress bar)
+is shipped as its last frame (``\\r\\n`` is an ordinary line end). While such a line is
+redrawn without a newline, its latest frame is shipped at most every
+:data:`LIVE_INTERVAL` seconds (the first :data:`LIVE_DELAY` after the redrawing starts) as
+the ``live`` last line of an entry; the line's next state (newer frame or final) is the first
+line of the stream's next entry, which replaces it. A bar redrawn 1,000 times a second costs
+at most ``1 / LIVE_INTERVAL`` entries a second; one finished within ``LIVE_DELAY`` costs
+nothing but its final line. Frames are whole writes: the text after the last ``\\r`` of what
+was read is taken as the frame, so a frame split across reads (a writer that does not flush
+per frame) can show half-drawn for one update.
+
 Throughput is the point (a worker may print millions of lines): the work is per chunk, not per
 line, with C-level bytes operations (``rfind``, ``replace``, ``split``, ``decode``), and the
 terminal gets one big write per chunk. A line is only looked at on its own when it is longer
@@ -58,6 +69,11 @@ DEFAULT_MAX_ENTRY_BYTES = 256 * 1024
 TERMINAL_PARTIAL_DELAY = 0.1
 #: ... or until it is this long.
 TERMINAL_PARTIAL_MAX = 64 * 1024
+#: A line redrawn with ``\r`` is shipped to Redis (``live``) this long after it started to be
+#: redrawn (a bar finished sooner costs only its final line) ...
+LIVE_DELAY = 0.1
+#: ... and then at most this often while it changes.
+LIVE_INTERVAL = 0.25
 #: Worker output may hold secrets (tokens, paths, data): only the agent's user may read it.
 LOG_FILE_MODE = 0o600
 LOG_DIR_MODE = 0o700
@@ -544,13 +560,14 @@ class _Batch:
     again gives exactly ``encode_log_batch``'s ``lines`` field, without a per-line split.
     """
 
-    __slots__ = ("lines", "nbytes", "segments", "shipper")
+    __slots__ = ("lines", "live", "nbytes", "segments", "shipper")
 
     def __init__(self, shipper: _Shipper) -> None:
         self.shipper = shipper
         self.segments: list[str] = []
         self.lines = 0
         self.nbytes = 0
+        self.live: str | None = None  # the latest frame of the unfinished line, sent last
 
     @property
     def weight(self) -> int:
@@ -559,9 +576,10 @@ class _Batch:
     def build(self) -> dict[str, str]:
         s = self.shipper
         s.seq += 1
+        lines = self.segments if self.live is None else [*self.segments, self.live]
         return protocol.encode_log_batch(LogBatch(
             node=s.node, rank=s.rank, local_rank=s.local_rank, attempt=s.attempt,
-            stream=s.stream, seq=s.seq, lines=self.segments))
+            stream=s.stream, seq=s.seq, lines=lines, live=self.live is not None))
 
 
 class _Shipper:
@@ -580,19 +598,30 @@ class _Shipper:
         self.attempt = attempt
         self.stream = stream
         self.seq = 0
-        self._partial = bytearray()  # the head of an unterminated line (cap + 4 bytes max)
-        self._partial_extra = 0  # bytes of that line beyond what _partial keeps
+        # The unterminated line: the head of its current frame (cap + 4 bytes max; the whole
+        # line if it was never redrawn), what the frame has beyond that head, whether a \r
+        # ended it (the next byte starts a new frame, unless it is the \n of \r\n) and
+        # whether it was redrawn at all (only then is it shipped before its newline).
+        self._partial = bytearray()
+        self._partial_extra = 0
+        self._cr = False
+        self._redrawn = False
         self._batch: _Batch | None = None
         self._handle: Record | None = None
+        self._live_timer: asyncio.TimerHandle | None = None
+        self._live_dirty = False  # the frame changed since it was last shipped
+        self._live_at = -LIVE_INTERVAL  # loop time of the last live frame shipped
 
     def feed(self, data: bytes) -> None:
         nl = data.rfind(b"\n")
         if nl < 0:
             self._add_partial(data)
+            if self._redrawn:
+                self._live_changed()
             return
         texts: list[str] = []
         nlines = 0
-        if self._partial or self._partial_extra:
+        if self._partial or self._partial_extra or self._cr:
             first = data.find(b"\n")
             self._add_partial(data[:first])
             texts.append(self._take_partial())
@@ -606,9 +635,14 @@ class _Shipper:
         if nl != len(data) - 1:
             self._add_partial(data[nl + 1:])
         self._ship(texts, nlines, nl + 1)
+        if self._redrawn:
+            self._live_changed()
 
     def eof(self) -> None:
-        if self._partial or self._partial_extra:
+        if self._live_timer is not None:
+            self._live_timer.cancel()
+            self._live_timer = None
+        if self._partial or self._partial_extra or self._cr:
             nbytes = len(self._partial) + self._partial_extra
             self._ship([self._take_partial()], 1, nbytes)
 
@@ -619,26 +653,60 @@ class _Shipper:
             batch = _Batch(self)
             handle = self.publisher.publish_deferred(self.key, batch, self.maxlen)
             self._batch, self._handle = batch, handle
+        if batch.live is not None:
+            # The first of these lines finishes the line whose frame waits here unsent:
+            # the frame would only be replaced by it.
+            batch.live = None
         batch.segments.extend(texts)
         batch.lines += nlines
         batch.nbytes += nbytes
         self.publisher.grow(handle, nbytes)
 
+    # -- lines redrawn in place -----------------------------------------------------------
+
+    def _live_changed(self) -> None:
+        """The redrawn line changed: ship its frame when the pace allows (one timer at most,
+        armed by a change, so an idle or finished bar costs nothing)."""
+        self._live_dirty = True
+        if self._live_timer is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # fed outside a loop (a unit test): the final line only
+            return
+        delay = max(LIVE_DELAY, self._live_at + LIVE_INTERVAL - loop.time())
+        self._live_timer = loop.call_later(delay, self._ship_live)
+
+    def _ship_live(self) -> None:
+        self._live_timer = None
+        if not (self._redrawn and self._live_dirty):
+            return  # finished meanwhile: its final line was shipped instead
+        self._live_dirty = False
+        self._live_at = asyncio.get_running_loop().time()
+        text = self._frame_text(bytes(self._partial), self._partial_extra)
+        batch, handle = self._batch, self._handle
+        if (batch is None or handle is None or not handle.open
+                or batch.nbytes >= self.max_entry_bytes):
+            batch = _Batch(self)
+            handle = self.publisher.publish_deferred(self.key, batch, self.maxlen)
+            self._batch, self._handle = batch, handle
+        old = len(batch.live) if batch.live is not None else 0
+        batch.live = text  # a frame not sent yet is replaced: frames coalesce in an outage
+        self.publisher.grow(handle, max(0, len(text) - old))  # also wakes the flusher
+
     # -- lines ----------------------------------------------------------------------------
 
     def _decode_block(self, block: bytes) -> str:
-        """Complete lines joined by newlines -> text, long lines capped, CRs of CRLF gone."""
+        """Complete lines joined by newlines -> text, long lines capped, each line as a
+        terminal shows it (see :func:`_last_frames`)."""
+        if b"\r" in block:
+            block = _last_frames(block)
         if len(block) > self.cap:
             lines = block.split(b"\n")
             if max(map(len, lines)) > self.cap:
                 block = b"\n".join([self._cap(line) if len(line) > self.cap else line
                                     for line in lines])
-        text = block.decode("utf-8", "replace")
-        if "\r" in text:
-            text = text.replace("\r\n", "\n")
-            if text.endswith("\r"):
-                text = text[:-1]
-        return text
+        return block.decode("utf-8", "replace")
 
     def _cap(self, line: bytes) -> bytes:
         """The head of a too-long line (cut on a UTF-8 boundary) and a visible marker."""
@@ -646,6 +714,10 @@ class _Shipper:
         return line[:cut] + _marker(len(line) - cut)
 
     def _add_partial(self, data: bytes) -> None:
+        if self._cr or b"\r" in data:
+            data = self._new_frame(data)
+            if not data:
+                return
         room = self.cap + 4 - len(self._partial)
         if len(data) <= room:
             self._partial += data
@@ -656,16 +728,46 @@ class _Shipper:
                 self._partial += data[:room]
             self._partial_extra += len(data) - max(room, 0)
 
+    def _new_frame(self, data: bytes) -> bytes:
+        """Follow the ``\\r`` in ``data``: return what continues the current frame, after
+        forgetting the frames that ``data`` overwrites (a ``\\r`` followed by anything but a
+        newline starts a new frame; trailing ones are remembered for the next chunk)."""
+        body = data.rstrip(b"\r")
+        if not body:
+            self._cr = True
+            return b""
+        cut = body.rfind(b"\r")
+        if cut >= 0 or self._cr:
+            self._partial.clear()
+            self._partial_extra = 0
+            self._redrawn = True
+            body = body[cut + 1:]
+        self._cr = len(body) < len(data) - cut - 1
+        return body
+
     def _take_partial(self) -> str:
-        raw = bytes(self._partial)
-        extra = self._partial_extra
+        text = self._frame_text(bytes(self._partial), self._partial_extra)
         self._partial.clear()
         self._partial_extra = 0
+        self._cr = self._redrawn = self._live_dirty = False
+        return text
+
+    def _frame_text(self, raw: bytes, extra: int) -> str:
         if extra or len(raw) > self.cap:
             cut = _utf8_cut(raw, self.cap)
             return (raw[:cut] + _marker(len(raw) - cut + extra)).decode("utf-8", "replace")
-        text = raw.decode("utf-8", "replace")
-        return text[:-1] if text.endswith("\r") else text
+        return raw.decode("utf-8", "replace")
+
+
+def _last_frames(block: bytes) -> bytes:
+    """Complete lines joined by ``\\n`` (the last one's ``\\n`` not included), each as a
+    terminal shows it: ``\\r\\n`` ends a line like ``\\n``, and a line redrawn with ``\\r`` is
+    its last frame (the text after its last ``\\r`` that is followed by something)."""
+    block = block.replace(b"\r\n", b"\n").rstrip(b"\r")
+    if b"\r" not in block:
+        return block
+    return b"\n".join([line.rstrip(b"\r").rpartition(b"\r")[2] if b"\r" in line else line
+                       for line in block.split(b"\n")])
 
 
 def _utf8_cut(data: bytes, limit: int) -> int:

@@ -187,6 +187,7 @@ class StreamPublisher:
 
         self._published = 0
         self._sent = 0
+        self._sent_weight = 0
         self._dropped = 0
         self._dropped_weight = 0
         self._errors = 0
@@ -256,6 +257,11 @@ class StreamPublisher:
     def sent(self) -> int:
         """Records acknowledged by Redis (a re-sent duplicate counts once)."""
         return self._sent
+
+    @property
+    def sent_weight(self) -> int:
+        """The weight of the droppable records acknowledged by Redis (worker log lines)."""
+        return self._sent_weight
 
     @property
     def dropped(self) -> int:
@@ -533,7 +539,7 @@ class StreamPublisher:
                 continue  # a marker with no factory: nothing to write
             sendable.append(rec)
         results = await pipe.execute(raise_on_error=False) if sendable else []
-        refused = 0
+        refused = weight = 0
         for rec, res in zip(sendable, results):
             if isinstance(res, Exception):
                 if isinstance(res, _CONNECTION_ERRORS):
@@ -542,5 +548,8 @@ class StreamPublisher:
                 # count it, report it, and go on with the rest.
                 refused += 1
                 log.warning("Redis refused a record for %s: %s", rec.key, redact(str(res)))
+            elif rec.droppable:
+                weight += rec.weight
         self._errors += refused
         self._sent += len(sendable) - refused
+        self._sent_weight += weight

@@ -25,6 +25,11 @@ How it stays fast at 50k lines/s over a 200k-line buffer:
   so ``row -> (line, sub-row)`` is a bisect, and a width change recomputes heights from the
   stored widths without touching the text again. Without wrap, the scroll width comes from
   character counts and is corrected when a line drawn turns out wider.
+* A line redrawn in place (a progress bar: the JobView replaces its row with each newer
+  state, :meth:`LogBuffer.replace`) is picked up by ``on_new_lines`` from the buffer's edit
+  log: its rendering is dropped, its width (and wrapped height) measured again and, under a
+  pattern, its match checked again (a rescan only if that changed). The frame is redrawn only
+  when such a row is on screen.
 * Only the visible rows are rendered (``render_line``). The LRU cache holds each line's full,
   uncropped rendering as segments, keyed by its absolute ``seq`` (stable when older lines fall
   off), in the line's own styles; the widget's base style (focus tints it) is added and the
@@ -240,6 +245,9 @@ class _RenderCache:
         if len(d) > self._max:
             del d[next(iter(d))]
 
+    def discard(self, seq: int) -> None:
+        self._d.pop(seq, None)
+
     def clear(self) -> None:
         self._d = {}
 
@@ -337,6 +345,7 @@ class LogView(ScrollView, can_focus=True):
         self._cum = array("q", [0])  # wrap only: rows before each line (+1 entry); absolute
         self._max_cells = 0  # no wrap: widest text seen since the last rescan
         self._scanned = 0  # buffer seq up to which lines were scanned into the index
+        self._edits = 0  # the buffer's edit count folded in (lines replaced in place)
         self._scan_lo = 0  # rescan: lines [first_seq, _scan_lo) are still to be scanned
         self._scan_gen = 0  # rescan generation: a slice of an older rescan does nothing
         self._scan_top: int | None = None  # rescan: the line to show at the top once indexed
@@ -452,6 +461,12 @@ class LogView(ScrollView, can_focus=True):
         if self._stale or src.total_appended < self._scanned:
             self._rebuild(keep_position=True)
             return
+        edited = False
+        if src.edits != self._edits:
+            edited = self._fold_edits(src)
+            if self._stale:
+                self._rebuild(keep_position=True)
+                return
         rows_dropped = self._drop_front(src.first_seq)
         total = src.total_appended
         grew = False
@@ -459,7 +474,7 @@ class LogView(ScrollView, can_focus=True):
             a = max(self._scanned, src.first_seq)
             self._scanned = total
             grew = self._append(a, total)
-        elif not rows_dropped:
+        elif not rows_dropped and not edited:
             return
         self._sync(rows_dropped)
         if grew:  # a wider rank showed up: the prefix column is wider now
@@ -583,6 +598,49 @@ class LogView(ScrollView, can_focus=True):
         next(rows)
         cum.extend(rows)
 
+    def _fold_edits(self, src: LogBuffer) -> bool:
+        """Take in the lines ``src`` replaced since the last look (see the module doc).
+        True if one of them is indexed; sets ``_stale`` when only a rescan will do (a
+        pattern's match changed, or more edits than the buffer remembers)."""
+        seqs = src.edited_since(self._edits)
+        self._edits = src.edits
+        if seqs is None:
+            self._stale = True
+            return False
+        first, top, bottom = src.first_seq, None, None
+        indexed = False
+        for seq in set(seqs):
+            self._cache.discard(seq)
+            if not (max(first, self._scan_lo) <= seq < self._scanned):
+                continue  # dropped, or not scanned yet (it will be, as it is now)
+            i = bisect_left(self._seqs, seq, self._off)
+            held = i < len(self._seqs) and self._seqs[i] == seq
+            if self.pattern is not None and held != bool(self._select(seq, seq + 1)[1]):
+                self._stale = True
+                return False
+            if not held:
+                continue
+            indexed = True
+            text = _TEXT(src.get(seq))
+            if self._text_width and len(self._cells) != len(self._seqs):
+                self._stale = True  # widths never measured (see _rewrap): measure them all
+                return False
+            if self._text_width:
+                cells = self._cells[i] = cells_of([text])[0]
+                tw = self._text_width
+                if ((cells + tw - 1) // tw or 1) != self._cum[i + 1] - self._cum[i]:
+                    del self._cum[i + 1:]  # its height changed: the rows below move
+                    self._extend_cum(self._cells[i:])
+            elif len(text) > self._max_cells:
+                self._max_cells = min(len(text), MAX_LINE_CELLS + 1)
+            if top is None:
+                y = round(self.scroll_y)
+                top = self.line_at_row(y)
+                bottom = self.line_at_row(y + self.scrollable_content_region.height - 1)
+            if top is not None and top[0] <= seq and (bottom is None or seq <= bottom[0]):
+                self._look += 1  # on screen: the same rows, drawn anew
+        return indexed
+
     def _drop_front(self, first_seq: int) -> int:
         """Forget indexed lines that fell off the buffer. Returns the rows they took."""
         seqs, off = self._seqs, self._off
@@ -612,6 +670,7 @@ class LogView(ScrollView, can_focus=True):
         self._stale = False
         self._cache.clear()
         self._look += 1
+        self._edits = self._source.edits if self._source is not None else 0
         self._seqs = array("q")
         self._off = 0
         self._cells = array("q")
@@ -745,11 +804,15 @@ class LogView(ScrollView, can_focus=True):
 
     def _screen_key(self) -> tuple[object, ...]:
         """What the view shows, in brief: the same key means the same rows on screen (lines
-        are immutable, and only ever added at the ends of the index between two rebuilds)."""
+        are only ever added at the ends of the index between two rebuilds, and a line
+        replaced in place on screen bumps ``_look``)."""
         region = self.scrollable_content_region
         top = round(self.scroll_y)
-        return (self._look, self.line_at_row(top), self.line_at_row(top + region.height - 1),
-                round(self.scroll_x), region.width, region.height)
+        bottom = self.line_at_row(top + region.height - 1)
+        if bottom is None:  # the lines end above the last row: one added below them shows
+            bottom = (-1, self.row_count)
+        return (self._look, self.line_at_row(top), bottom, round(self.scroll_x), region.width,
+                region.height)
 
     def _repaint_if_moved(self) -> None:
         """Repaint unless the rows on screen are the very ones last drawn: a following view
