@@ -65,6 +65,7 @@ def test_the_wheel_installs_our_import_names_only(wheel: Path):
     assert "redis = elastic_agent.coordination.torch_plugin:rendezvous_handler_factory" in entry_points
 
 
+@pytest.mark.timeout(600)  # a clean venv installs torch and the wheel: slow under load
 def test_a_wheel_in_a_clean_venv_runs_a_job_and_the_console_outside_the_repo(
         wheel: Path, tmp_path: Path, redis_url: str):
     venv = tmp_path / "venv"
