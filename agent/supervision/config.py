@@ -69,6 +69,8 @@ class AgentConfig:
     static: StaticPlacement | None = None
     #: --health-check-port (else $TORCHELASTIC_HEALTH_CHECK_PORT): liveness and /metrics.
     health_check_port: int | None = None
+    #: --preload: modules a warm zygote imports; workers are forked from it (issue 14).
+    preload: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     a(*_both("health-check-port"), dest="health_check_port", default=None, metavar="PORT",
       help="serve HTTP liveness (/healthz) and Prometheus metrics (/metrics) on this port "
       "(default $TORCHELASTIC_HEALTH_CHECK_PORT, else none)")
+    a("--preload", default="", metavar="MODULES",
+      help="comma list of modules (e.g. torch) a warm zygote imports once per node; workers "
+      "are forked from it instead of starting a new interpreter (default none)")
     a("training_script", nargs="?", help="the worker script (or module, or executable)")
     a("training_script_args", nargs=argparse.REMAINDER)
     return p
@@ -387,6 +392,19 @@ RUN_PATH_BOOTSTRAP = ("import runpy, sys; sys.argv = sys.argv[1:]; "
                       "runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
+def parse_preload(ns: argparse.Namespace) -> tuple[str, ...]:
+    """--preload's module names (dotted identifiers); refused with --no-python/--run-path."""
+    names = tuple(m.strip() for m in ns.preload.split(",") if m.strip())
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise UsageError(f"--preload: {name!r} is not a module name")
+    if names and (ns.no_python or ns.run_path):
+        flag = "--run-path" if ns.run_path else "--no-python"
+        raise UsageError(f"--preload cannot be used with {flag}: workers are forked from a "
+                         "python zygote")
+    return names
+
+
 def build_entrypoint(ns: argparse.Namespace) -> list[str]:
     script = ns.training_script
     if not script:
@@ -471,6 +489,7 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
         health_check_port=None if ns.health_check_port is None else int(
             _number(ns.health_check_port, "--health-check-port")),
     )
+    cfg = replace(cfg, preload=parse_preload(ns))
     if cfg.virtual_local_rank:
         check_virtual_local_rank(cfg.nproc, env)
     if cfg.log_dir_generated:

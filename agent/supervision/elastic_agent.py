@@ -137,7 +137,7 @@ class ElasticAgent:
                        redis_url=config.endpoint.url, job_id=config.job_id,
                        log_dir=config.log_dir, shutdown_timeout=config.shutdown_timeout,
                        extra_env=config.extra_env, virtual_local_rank=config.virtual_local_rank,
-                       numa_binding=config.numa_binding),
+                       numa_binding=config.numa_binding, preload=config.preload),
             logs=self.node_logs, on_exit=self._on_worker_exit)
         self.sampler = ResourceSampler(self._client, config.job_id, self.node_id)
         self.records = JobRecords(self._client, config.job_id, self.node_logs.stream_key)
@@ -171,11 +171,13 @@ class ElasticAgent:
         try:
             await self.watchdog.start()
             self.health.start()
+            await self.group.prepare()  # --preload: the zygote imports during the rendezvous
             return await self._main()
         finally:
             for t in background:
                 t.cancel()
             await self.group.stop()
+            await self.group.close()
             self.watchdog.close()
             self.health.stop()
             with contextlib.suppress(Exception):

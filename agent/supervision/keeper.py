@@ -103,8 +103,15 @@ def _read_message(fd: int, unframer: Unframer) -> object | None:
 
 
 class _Keeper:
-    def __init__(self, ctl: int) -> None:
+    def __init__(self, ctl: int, zygote: object = None) -> None:
         self.ctl = ctl
+        #: With ``--preload``: the :class:`.zygote.Zygote` whose policy lets ``spawn`` fork
+        #: a worker that runs its script in-process (a request then carries its recipe).
+        self.zygote = zygote
+        # A forked worker gets the dispositions this interpreter was born with (Python's).
+        self.initial = {s: signal.getsignal(s) for s in (*_WATCHED, signal.SIGPIPE)}
+        if hasattr(signal, "SIGXFSZ"):
+            self.initial[signal.SIGXFSZ] = signal.getsignal(signal.SIGXFSZ)
         self.me = os.getpid()
         self.libc = ctypes.CDLL(None, use_errno=True)
         self.workers: dict[int, int] = {}  # pid -> index
@@ -142,15 +149,21 @@ class _Keeper:
         signal.signal(signal.SIGCHLD, lambda *_: None)
 
         unframer = Unframer()
-        spec = _read_message(self.ctl, unframer)
+        if self.zygote is not None:
+            spec = self.zygote_module().read_request(self.ctl, unframer)
+        else:
+            spec = _read_message(self.ctl, unframer)
         if spec is None:
             self.kill_tree()
             return 0
         assert isinstance(spec, list)
         failed = False
-        for index, (argv, env, out_fd, err_fd) in enumerate(spec):
+        for index, (argv, env, out_fd, err_fd, *how) in enumerate(spec):
             if not failed and not self.agent_gone:
-                pid, err = self.spawn(argv, env, out_fd, err_fd)
+                if how and how[0] and self.zygote is not None and self.zygote.may_fork(env):
+                    pid, err = self.fork_worker(argv, env, out_fd, err_fd, how[0])
+                else:
+                    pid, err = self.spawn(argv, env, out_fd, err_fd)
                 if err:
                     self.send((FAILED, index, err))
                     failed = True  # the agent stops the group: start no more of it
@@ -218,6 +231,35 @@ class _Keeper:
             os.waitpid(pid, 0)
             return -1, int(b"".join(chunks))
         return pid, 0
+
+    def zygote_module(self):
+        return sys.modules["__main__"]
+
+    def fork_worker(self, argv: list[bytes], env: dict[bytes, bytes], out_fd: int,
+                    err_fd: int, how: tuple) -> tuple[int, int]:
+        """Fork a worker that runs ``how`` in the preloaded interpreter (see
+        :mod:`.zygote`); its pid and 0. The child leaves this stack by raising
+        ``BecomeWorker``, and never returns here."""
+        become = self.zygote_module().BecomeWorker
+        pid = os.fork()
+        if pid:
+            return pid, 0
+        try:  # pragma: no cover - the child
+            signal.set_wakeup_fd(-1)
+            for sig, disposition in self.initial.items():
+                signal.signal(sig, disposition)
+            os.setsid()
+            self.libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            if os.getppid() != self.me:
+                os._exit(1)
+            os.dup2(out_fd, 1)
+            os.dup2(err_fd, 2)
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+            environ = {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
+            orig = [os.fsdecode(a) for a in argv]
+        except BaseException:
+            os._exit(127)
+        raise become(how, environ, orig)
 
     def reap(self, block: bool) -> bool:
         """Reap every exited child (reporting workers' exits); False once none is left."""

@@ -49,7 +49,7 @@ from typing import Any
 import psutil
 
 from elastic_agent.coordination import protocol
-from elastic_agent.supervision import keeper
+from elastic_agent.supervision import keeper, zygote
 from elastic_agent.supervision.logs import LogPathError, NodeLogs, WorkerLogs, open_private_dir
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,8 @@ class WorkerSpec:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     virtual_local_rank: bool = False
     numa_binding: str | None = None
+    #: ``--preload``: modules a warm zygote imports; its workers are forked from it.
+    preload: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
@@ -113,6 +115,7 @@ class WorkerSpec:
         object.__setattr__(self, "entrypoint", tuple(str(a) for a in self.entrypoint))
         object.__setattr__(self, "log_dir", Path(self.log_dir))
         object.__setattr__(self, "extra_env", dict(self.extra_env))
+        object.__setattr__(self, "preload", tuple(self.preload))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -400,6 +403,7 @@ class WorkerGroup:
         self._stop_task: asyncio.Task[None] | None = None
         self._stopping = False
         self._keeper: _Keeper | None = None
+        self._spare: tuple[asyncio.SubprocessTransport, socket.socket, asyncio.Future[int]] | None = None
 
     @property
     def workers(self) -> list[WorkerInfo]:
@@ -443,6 +447,7 @@ class WorkerGroup:
             result = await started
             if isinstance(result, OSError):
                 await self._start_failed(worker, result)
+        await self.prepare()  # the next attempt's zygote imports while this one runs
         self.state = WorkerState.HEALTHY
         return self.workers
 
@@ -456,6 +461,10 @@ class WorkerGroup:
         """
         spec = self.spec
         handle = _Keeper(loop, self._workers, spec.entrypoint[0])
+        if spec.preload:
+            await self.prepare()
+        if self._spare is not None:
+            return await self._start_from_zygote(loop, assignment, handle)
         ours, theirs = socket.socketpair()
         write_ends: list[int] = []
         requests = []
@@ -497,6 +506,103 @@ class WorkerGroup:
         handle.channel, _ = await loop.create_unix_connection(
             lambda: _KeeperChannel(handle), sock=ours)
         handle.channel.write(keeper.frame(requests))  # type: ignore[attr-defined]
+        return handle
+
+    # -- --preload: warm zygotes ------------------------------------------------------------
+
+    def _zygote_env(self) -> dict[str, str]:
+        """The workers' environment without the launcher's per-rank variables."""
+        env = dict(os.environ if self._base_env is None else self._base_env)
+        env.update(self.spec.extra_env)
+        if self.spec.nproc > 1 and "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = "1"
+        return {k: v for k, v in env.items() if k not in zygote.LAUNCHER_VARS}
+
+    async def prepare(self) -> None:
+        """With ``spec.preload``, start a spare zygote (:mod:`.zygote`) for the next
+        ``start`` unless a live one waits already (a dead one is replaced). It imports in
+        the background: call this early (before the rendezvous). No-op without preload."""
+        if not self.spec.preload:
+            return
+        if self._spare is not None:
+            if not self._spare[2].done():
+                return
+            await self.close()  # it died: replace it
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair()
+        argv = zygote.command(self.spec.entrypoint, self.spec.preload, theirs.fileno())
+        if argv is None:
+            ours.close()
+            theirs.close()
+            return
+        exited: asyncio.Future[int] = loop.create_future()
+        try:
+            process, _ = await loop.subprocess_exec(
+                lambda: _KeeperProcess(exited), *argv, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL, stderr=None, pass_fds=(theirs.fileno(),),
+                start_new_session=True, env=self._zygote_env())
+        except OSError as exc:
+            log.warning("cannot start the --preload zygote: %s", exc)
+            ours.close()
+            return
+        finally:
+            theirs.close()
+        self._spare = (process, ours, exited)
+
+    async def close(self) -> None:
+        """End the spare zygote, if any (the agent's exit would end it too)."""
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return
+        process, sock, exited = spare
+        sock.close()  # EOF: the zygote exits
+        await asyncio.wait([exited], timeout=KILL_WAIT)
+        process.close()
+
+    async def _start_from_zygote(self, loop: asyncio.AbstractEventLoop,
+                                 assignment: RankAssignment, handle: _Keeper) -> _Keeper:
+        """Hand this attempt's workers to the spare zygote (it becomes their keeper)."""
+        assert self._spare is not None
+        process, ours, exited = self._spare
+        self._spare = None
+        spec = self.spec
+        write_ends: list[int] = []
+        requests = []
+        how = zygote.recipe(spec.entrypoint) if spec.numa_binding is None else None
+        try:
+            for w in self._workers:
+                ends = []
+                for stream in (protocol.STDOUT, protocol.STDERR):
+                    read_end, write_end = os.pipe()
+                    write_ends.append(write_end)
+                    ends.append(write_end)
+                    w.pipe_inodes.add(os.fstat(read_end).st_ino)
+                    pipe, _ = await loop.connect_read_pipe(
+                        lambda w=w, stream=stream: _PipeProtocol(w.logs, stream),
+                        open(read_end, "rb", buffering=0))  # noqa: SIM115 - the transport's
+                    w.pipes.append(pipe)
+                env = worker_env(spec, assignment, w.local_rank, self._base_env)
+                requests.append(([os.fsencode(a) for a in worker_argv(spec, w.local_rank)],
+                                 {os.fsencode(k): os.fsencode(v) for k, v in env.items()},
+                                 *ends, how))
+            handle.process = process
+            handle.exited = exited
+            handle.pid = process.get_pid()
+            await asyncio.to_thread(zygote.send_request, ours, requests)
+        except OSError as exc:  # e.g. the zygote died just now: its workers cannot start
+            ours.close()
+            process.close()
+            for w in self._workers:
+                for pipe in w.pipes:
+                    pipe.close()
+            handle.fail_all(exc)
+            return handle
+        finally:
+            for fd in write_ends:
+                os.close(fd)
+        ours.setblocking(False)
+        handle.channel, _ = await loop.create_unix_connection(
+            lambda: _KeeperChannel(handle), sock=ours)
         return handle
 
     async def _start_failed(self, worker: _Worker, exc: OSError) -> None:

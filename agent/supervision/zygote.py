@@ -1,0 +1,273 @@
+"""Warm workers (``--preload MODULES``): a keeper that has imported those modules forks each
+worker and runs the training script in the forked process, instead of exec'ing a new
+interpreter that imports them again.
+
+Two halves in one stdlib-only file (it never imports torch itself: only what ``--preload``
+names, by name, at run time):
+
+* the agent's half: :func:`recipe` (what a worker runs, or None for the exec path),
+  :func:`command` (how the zygote is started) and :func:`send_request` (the workers to start,
+  with their pipes' descriptors passed over the socket: the zygote was started before the
+  pipes existed);
+* the zygote's half, run as ``python -u zygote.py FD SYS_PATH0 MODULES``: it imports MODULES
+  and nothing else, then is an ordinary keeper (:mod:`.keeper`, same socket protocol, same
+  subreaper and death-with-the-agent rules) whose ``spawn`` forks. The forked child leaves
+  the keeper's stack by raising :class:`BecomeWorker` and runs the script at the top level of
+  this file, so the interpreter's own exit path (SystemExit, atexit, threading shutdown,
+  flushing, KeyboardInterrupt's death by SIGINT) is the worker's, as with ``python -u``.
+
+What a forked worker sees, as with ``python -u script.py args`` (or ``-m module``): a new
+``__main__`` module, ``sys.argv``, ``sys.path[0]`` (the script's resolved directory; the
+working directory for ``-m``), the agent's working directory, the complete worker environment
+in ``os.environ`` (and the C environment) before any user code, the signal dispositions the
+zygote had at birth (Python's own: SIGINT raises KeyboardInterrupt, SIGPIPE/SIGXFSZ ignored),
+unbuffered stdio on the agent's pipes, stdin /dev/null, its own session and process group,
+PR_SET_PDEATHSIG naming the keeper. Known differences: the hash seed (``PYTHONHASHSEED``
+random) is the zygote's, shared by all forked workers; modules the preload imported are
+already in ``sys.modules``; ``random`` is reseeded after the fork by Python itself and
+``numpy.random`` here.
+
+Safety, checked before every fork (:func:`fork_hazard`): no Python thread besides the main
+one, CUDA not initialised, and every environment variable read at interpreter start-up or by
+the preloaded modules' import (anything but the launcher's per-rank variables) equal to the
+zygote's own. If one fails the worker is exec'ed as without ``--preload``, with one warning
+on the agent's stderr. ``import torch`` 2.13 (CPU) leaves a native thread that is no Python
+thread (seen here: 2 OS threads, the main one and one more, both named ``python`` in
+``/proc/self/task/*/comm``; ``threading.active_count()`` is 1). A fork copies only the forking
+thread, and torch's ``pthread_atfork`` handlers reset its thread pools in the child.
+
+Memory: forked workers share the zygote's pages copy-on-write, so count them by PSS (shared
+pages divided among their sharers), not RSS. The spare zygote for the next attempt, started
+as soon as an attempt's workers are, is one more idle interpreter with the preload imported
+(about 155 MiB PSS for torch 2.13 CPU) for as long as the group runs.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+#: Variables the launcher sets per rank, after the zygote started: they may differ from the
+#: zygote's environment (nothing reads them at interpreter start-up or at ``import torch``;
+#: CUDA reads CUDA_VISIBLE_DEVICES only when initialised, which the zygote never is).
+LAUNCHER_VARS = frozenset({
+    "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "TORCHELASTIC_ERROR_FILE", "ELASTIC_REDIS_URL", "ELASTIC_JOB_ID", "CUDA_VISIBLE_DEVICES",
+})
+_MAX_REQUEST = 64 << 20
+_MAX_FDS = 4096
+_HERE = __file__
+
+
+# -- the agent's half -------------------------------------------------------------------------
+
+def recipe(entrypoint: Sequence[str]) -> tuple[str, str, list[str]] | None:
+    """``("file", script, args)`` or ``("module", name, args)`` for an entrypoint the zygote
+    can run (``[sys.executable, "-u", SCRIPT|-m MODULE, ...]`` with SCRIPT a regular file),
+    else None: that worker is exec'ed."""
+    argv = list(entrypoint)
+    if len(argv) < 3 or argv[0] != sys.executable or argv[1] != "-u":
+        return None
+    if argv[2] == "-m":
+        return ("module", argv[3], argv[4:]) if len(argv) > 3 and argv[3] else None
+    if argv[2].startswith("-") or not os.path.isfile(argv[2]):
+        return None
+    return ("file", argv[2], argv[3:])
+
+
+def command(entrypoint: Sequence[str], modules: Sequence[str], fd: int) -> list[str] | None:
+    """The zygote's command line for this entrypoint, or None if it cannot be forked from."""
+    how = recipe(entrypoint)
+    if how is None:
+        return None
+    kind, target, _ = how
+    path0 = (os.getcwd() if kind == "module"
+             else os.path.dirname(os.path.realpath(target)))
+    return [sys.executable, "-u", os.path.abspath(__file__), str(fd), path0, ",".join(modules)]
+
+
+def send_request(sock: object, requests: list[tuple]) -> None:
+    """Send the workers to start: each request's two pipe descriptors travel as SCM_RIGHTS
+    and are replaced by their index in the message. Blocking (the zygote is reading)."""
+    import socket
+
+    from elastic_agent.supervision.keeper import frame
+    assert isinstance(sock, socket.socket)
+    fds: list[int] = []
+    message = []
+    for argv, env, out_fd, err_fd, *rest in requests:
+        message.append((argv, env, len(fds), len(fds) + 1, *rest))
+        fds += [out_fd, err_fd]
+    data = frame(message)
+    sent = sock.sendmsg([data[:1]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                       array.array("i", fds))])
+    sock.sendall(data[sent:])
+
+
+# -- the zygote's half ------------------------------------------------------------------------
+
+class BecomeWorker(BaseException):
+    """Raised in a forked child to unwind the keeper's stack and run the worker."""
+
+    def __init__(self, how: tuple[str, str, list[str]], env: Mapping[str, str],
+                 orig_argv: list[str]) -> None:
+        super().__init__()
+        self.how = how
+        self.env = env
+        self.orig_argv = orig_argv
+
+
+def read_request(ctl: int, unframer: object) -> object | None:
+    """The agent's request with its descriptors (see :func:`send_request`), or None at EOF."""
+    import socket
+
+    sock = socket.socket(fileno=os.dup(ctl))
+    fds: list[int] = []
+    try:
+        while True:
+            try:
+                data, got, flags, _ = socket.recv_fds(sock, 1 << 16, _MAX_FDS)
+            except ConnectionResetError:
+                data, got, flags = b"", [], 0
+            fds += got
+            if flags & socket.MSG_CTRUNC:  # descriptors lost: no worker could get its pipes
+                data = b""
+            if not data:
+                for fd in fds:
+                    os.close(fd)
+                return None
+            messages = unframer.feed(data)  # type: ignore[attr-defined]
+            if messages:
+                break
+    finally:
+        sock.close()  # the dup, not ctl
+    request = messages[0]
+    assert isinstance(request, list)
+    return [(argv, env, fds[o], fds[e], *rest) for argv, env, o, e, *rest in request]
+
+
+class Zygote:
+    """The fork policy of a preloaded keeper."""
+
+    def __init__(self) -> None:
+        self.birth_env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+        self.warned = False
+
+    def fork_hazard(self, env: Mapping[bytes, bytes]) -> str | None:
+        """Why forking a worker with ``env`` now would be unsafe or unfaithful, or None."""
+        threading = sys.modules.get("threading")
+        if threading is not None and threading.active_count() > 1:
+            names = [t.name for t in threading.enumerate()]
+            return f"the zygote runs Python threads {names}"
+        torch = sys.modules.get("torch")
+        cuda = getattr(torch, "cuda", None)
+        if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
+            return "CUDA is initialised in the zygote"
+        wanted = {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()
+                  if os.fsdecode(k) not in LAUNCHER_VARS}
+        if wanted != self.birth_env:
+            diff = sorted(set(wanted.items()) ^ set(self.birth_env.items()))
+            return f"the worker's environment differs from the zygote's ({diff[0][0]}, ...)"
+        return None
+
+    def may_fork(self, env: Mapping[bytes, bytes]) -> bool:
+        hazard = self.fork_hazard(env)
+        if hazard is not None and not self.warned:
+            self.warned = True
+            print(f"elastic-agent zygote: {hazard}: starting workers with a new interpreter "
+                  "instead (--preload gains nothing)", file=sys.stderr, flush=True)
+        return hazard is None
+
+
+def _become(exc: BecomeWorker) -> None:
+    """Run the worker in this (forked) process, as ``python -u`` would."""
+    kind, target, args = exc.how
+    os.environ.clear()
+    os.environ.update(exc.env)
+    sys.orig_argv = exc.orig_argv
+    nprandom = sys.modules.get("numpy.random")
+    if nprandom is not None:
+        nprandom.seed()
+    sys.modules.pop("_elastic_agent_keeper", None)
+    if kind == "module":
+        import runpy
+
+        sys.argv = ["-m", *args]
+        sys.path[0] = os.getcwd()
+        runpy._run_module_as_main(target, alter_argv=True)  # what `python -m` calls
+        return
+    sys.argv = [target, *args]
+    path = os.path.abspath(target)
+    sys.path[0] = os.path.dirname(os.path.realpath(target))
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError as err:
+        print(f"{sys.executable}: can't open file {path!r}: [Errno {err.errno}] "
+              f"{err.strerror}", file=sys.stderr)
+        raise SystemExit(2) from None
+    import importlib.machinery
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __package__=None, __spec__=None,
+                         __builtins__=__builtins__,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+    sys.modules["__main__"] = main
+    code = compile(source, path, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
+
+
+def _run_worker(exc: BecomeWorker) -> None:
+    try:
+        _become(exc)
+    except (SystemExit, KeyboardInterrupt):
+        raise  # the interpreter's own handling: exit status, death by SIGINT
+    except BaseException as err:
+        tb = err.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename == _HERE:
+            tb = tb.tb_next  # the worker's frames only, as the interpreter would show them
+        sys.excepthook(type(err), err.with_traceback(tb), tb)
+        raise SystemExit(1) from None
+
+
+def _serve(argv: list[str]) -> int:
+    """``zygote.py FD SYS_PATH0 MODULES``: preload, then keep like a keeper."""
+    import importlib
+    import importlib.util
+
+    fd, path0, modules = int(argv[1]), argv[2], [m for m in argv[3].split(",") if m]
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[0] = path0  # as the worker will have it, not this file's directory
+    spec = importlib.util.spec_from_file_location("_elastic_agent_keeper",
+                                                  os.path.join(here, "keeper.py"))
+    assert spec is not None and spec.loader is not None
+    keeper = importlib.util.module_from_spec(spec)
+    sys.modules["_elastic_agent_keeper"] = keeper
+    spec.loader.exec_module(keeper)
+    zygote = Zygote()
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException as err:
+            print(f"elastic-agent zygote: --preload {name}: {type(err).__name__}: {err}",
+                  file=sys.stderr, flush=True)
+    return keeper._Keeper(fd, zygote=zygote).run()
+
+
+if __name__ == "__main__":
+    _child: BecomeWorker | None = None
+    try:
+        _code = _serve(sys.argv)
+    except BecomeWorker as _become_exc:  # a forked child: the keeper's stack is gone
+        _child = _become_exc
+    if _child is None:
+        sys.stderr.flush()
+        os._exit(_code)
+    # Outside the except clause, so the worker's own exceptions chain to nothing of ours.
+    _run_worker(_child)

@@ -1,0 +1,243 @@
+"""--preload (issue 14): workers forked from a warm zygote behave as ``python -u script.py``.
+
+The equivalence tests run the same probe (tests/scripts/preload/probe.py) through a
+WorkerGroup with and without ``preload`` and compare everything it reports, its output, its
+exit status and its error file; the probe also says (on stderr, not compared) whether it was
+forked, so a silent fall-back to exec cannot pass for equivalence. The torch test runs two
+real agents with ``--preload torch``: gloo across forked workers, a crash restarted through
+the zygote, a DataLoader with workers and torch.multiprocessing.spawn inside a forked worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from elastic_agent.supervision.config import UsageError, parse_args
+from elastic_agent.supervision.logs import LogConfig, NodeLogs, Std
+from elastic_agent.supervision.workers import GroupResult, RankAssignment, WorkerGroup, WorkerSpec
+from tests.agents import SCRIPTS, Agent, wait_until
+from tests.test_process_tree import DEATH_BUDGET, describe, kill_all, start_tree, survivors
+
+PRELOAD = SCRIPTS / "preload"
+PROBE = PRELOAD / "probe.py"
+NPROC = 2
+
+def quiet_logs() -> NodeLogs:
+    """Worker output to the log files only (torchrun's ``-r 3``)."""
+    return NodeLogs(LogConfig(redirects=Std.ALL))
+
+
+def assignment(attempt: int = 0) -> RankAssignment:
+    return RankAssignment(group_rank=0, group_world_size=1, world_size=NPROC, base_rank=0,
+                          master_addr="127.0.0.1", master_port=1234, attempt=attempt,
+                          restart_count=attempt)
+
+async def run_group(tmp: Path, entrypoint: list[str], preload: tuple[str, ...],
+                    attempts: int = 1) -> tuple[list[GroupResult], WorkerGroup]:
+    spec = WorkerSpec(nproc=NPROC, entrypoint=entrypoint, run_id="r", job_id="j",
+                      log_dir=tmp / "j", preload=preload, shutdown_timeout=2)
+    group = WorkerGroup(spec, logs=quiet_logs())
+    results = []
+    try:
+        await group.prepare()
+        for attempt in range(attempts):
+            await group.start(assignment(attempt))
+            await asyncio.wait_for(group.wait(), 60)
+            # A failing rank settles the group: let every rank finish before the stop.
+            deadline = time.monotonic() + 60
+            while len(group.exits) < NPROC and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            results.append(GroupResult(group.state, exits=tuple(group.exits)))
+            await group.stop()
+    finally:
+        await group.stop()
+        await group.close()
+    return results, group
+
+def outputs(tmp: Path, attempt: int = 0) -> list[tuple[dict, str, str, dict | None]]:
+    """Per rank: the probe's report, its stdout after the report, its stderr, error file."""
+    out = []
+    for rank in range(NPROC):
+        d = tmp / "j" / f"attempt_{attempt}" / str(rank)
+        first, _, rest = (d / "stdout.log").read_text().partition("\n")
+        err = (d / "error.json")
+        out.append((json.loads(first), rest, (d / "stderr.log").read_text(),
+                    json.loads(err.read_text()) if err.exists() else None))
+    return out
+
+def comparable(report: dict, tmp: Path) -> dict:
+    """The report with this run's temporary directory and object addresses made neutral."""
+    return json.loads(re.sub(r" at 0x[0-9a-f]+", "", json.dumps(report).replace(str(tmp), "TMP")))
+
+def forked(stderr: str) -> bool:
+    return json.loads(stderr.splitlines()[0])["forked"]
+
+@pytest.mark.parametrize("how", ["3", "raise", "record", "0"])
+def test_forked_worker_is_equivalent_to_exec(tmp_path, how):
+    argv = [sys.executable, "-u", str(PROBE), how]
+    ran = {}
+    for name, preload in (("exec", ()), ("fork", ("preload_marker",))):
+        results, _ = asyncio.run(run_group(tmp_path / name, argv, preload))
+        ran[name] = ([(e.exit_code, e.message) for e in results[0].exits],
+                     outputs(tmp_path / name))
+    (exec_exits, exec_out), (fork_exits, fork_out) = ran["exec"], ran["fork"]
+    assert sorted(exec_exits) == sorted(fork_exits)
+    for rank in range(NPROC):
+        e_report, e_rest, e_err, e_file = exec_out[rank]
+        f_report, f_rest, f_err, f_file = fork_out[rank]
+        assert not forked(e_err) and forked(f_err), "the fork path was not taken"
+        assert comparable(e_report, tmp_path / "exec") == comparable(f_report, tmp_path / "fork")
+        assert (e_rest, e_err.partition("\n")[2]) == (f_rest, f_err.partition("\n")[2])
+        if how == "record":
+            assert e_file is not None and f_file is not None
+            assert e_file["message"]["message"] == f_file["message"]["message"]
+        assert f_report["env"]["RANK"] == f_report["c_env_rank"] == str(rank)
+        assert f_report["own_group"] and f_report["own_session"]
+
+def test_module_mode_is_equivalent(tmp_path):
+    argv = [sys.executable, "-u", "-m", "probe", "0"]
+    ran = {}
+    cwd = os.getcwd()
+    os.chdir(PRELOAD)  # -m finds the module in the working directory, as python's does
+    try:
+        for name, preload in (("exec", ()), ("fork", ("preload_marker",))):
+            asyncio.run(run_group(tmp_path / name, argv, preload))
+            ran[name] = outputs(tmp_path / name)
+    finally:
+        os.chdir(cwd)
+    for rank in range(NPROC):
+        assert not forked(ran["exec"][rank][2]) and forked(ran["fork"][rank][2])
+        e, f = (comparable(ran[n][rank][0], tmp_path / n) for n in ("exec", "fork"))
+        assert e == f
+        assert f["argv"][0] == str(PROBE) and f["path0"] == str(PRELOAD)
+
+def test_restart_forks_from_a_fresh_zygote_and_a_dead_one_is_replaced(tmp_path):
+    async def scenario() -> list[int]:
+        spec = WorkerSpec(nproc=NPROC, entrypoint=[sys.executable, "-u", str(PROBE), "0"],
+                          run_id="r", job_id="j", log_dir=tmp_path / "j",
+                          preload=("preload_marker",), shutdown_timeout=2)
+        group = WorkerGroup(spec, logs=quiet_logs())
+        keepers = []
+        try:
+            await group.prepare()
+            for attempt in range(3):
+                await group.start(assignment(attempt))
+                keepers.append(group._keeper.pid)
+                await asyncio.wait_for(group.wait(), 60)
+                await group.stop()
+                if attempt == 0:  # the spare for attempt 1 dies: attempt 1 needs a new one
+                    os.kill(group._spare[0].get_pid(), signal.SIGKILL)
+                    await asyncio.wait_for(asyncio.shield(group._spare[2]), 10)
+        finally:
+            await group.stop()
+            await group.close()
+        return keepers
+
+    keepers = asyncio.run(scenario())
+    assert len(set(keepers)) == 3
+    for attempt in range(3):
+        assert all(forked(err) for _, _, err, _ in outputs(tmp_path, attempt))
+
+def test_unsafe_zygote_falls_back_to_exec_with_one_warning(tmp_path, capfd):
+    argv = [sys.executable, "-u", str(PROBE), "0"]
+    results, _ = asyncio.run(run_group(tmp_path, argv, ("preload_marker", "preload_thread")))
+    assert [e.exit_code for e in results[0].exits] == [0] * NPROC
+    assert not any(forked(err) for _, _, err, _ in outputs(tmp_path))
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "zygote" in line]
+    assert len(warnings) == 1 and "Python threads" in warnings[0], warnings
+
+def test_changed_environment_falls_back_to_exec(tmp_path, capfd):
+    async def scenario() -> None:
+        spec = WorkerSpec(nproc=NPROC, entrypoint=[sys.executable, "-u", str(PROBE), "0"],
+                          run_id="r", job_id="j", log_dir=tmp_path / "j",
+                          preload=("preload_marker",), shutdown_timeout=2)
+        base = dict(os.environ)
+        group = WorkerGroup(spec, logs=quiet_logs(), base_env=base)
+        try:
+            await group.prepare()
+            base["PYTHONHASHSEED"] = "7"  # read at interpreter start: a fork would ignore it
+            await group.start(assignment())
+            await asyncio.wait_for(group.wait(), 60)
+        finally:
+            await group.stop()
+            await group.close()
+
+    asyncio.run(scenario())
+    assert not any(forked(err) for _, _, err, _ in outputs(tmp_path))
+    assert "PYTHONHASHSEED" in capfd.readouterr().err
+
+def test_preload_with_no_python_is_refused():
+    with pytest.raises(UsageError, match="--preload cannot be used with --no-python"):
+        parse_args(["--standalone", "--preload", "torch", "--no-python", "/bin/true"])
+    cfg = parse_args(["--standalone", "--preload", "torch,numpy", str(PROBE)])
+    assert cfg.preload == ("torch", "numpy")
+
+def test_sigkilled_agent_takes_its_forked_workers_and_zygotes(redis_url, job_id, tmp_path):
+    agent, _, procs = start_tree(redis_url, job_id, tmp_path, "--preload", "json")
+    try:
+        zygotes = [p for p in agent.descendants()
+                   if p.ppid() == agent.pid and "zygote.py" in " ".join(p.cmdline())]
+        assert len(zygotes) == 2, describe(agent.descendants())  # the keeper and the spare
+        procs += [z for z in zygotes if z not in procs]
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait(10)
+        deadline = time.monotonic() + DEATH_BUDGET
+        while survivors(procs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert survivors(procs) == [], describe(survivors(procs))
+    finally:
+        kill_all(procs)
+        agent.kill()
+
+def test_torch_gloo_crash_restart_through_the_zygote(redis_url, job_id, tmp_path):
+    pytest.importorskip("torch")
+    args = ["--redis", redis_url, "--job-id", job_id, "--local-addr", "127.0.0.1",
+            "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "1",
+            "--preload", "torch", str(PRELOAD / "gloo_crash.py")]
+    agents = [Agent(args, tmp_path, f"a{i}") for i in range(2)]
+    try:
+        codes = [a.wait(120) for a in agents]
+        out = "".join(a.output for a in agents)
+        assert codes == [0, 0], out[-4000:]
+        for rank in range(2):
+            for restart in range(2):
+                assert f"rank {rank} restart {restart} preloaded True sum 3" in out, out[-4000:]
+            assert f"rank {rank} loader 28 spawn 2.0" in out, out[-4000:]
+    finally:
+        for a in agents:
+            a.kill()
+
+
+def test_restart_command_restarts_through_the_zygote(redis_url, r, job_id, tmp_path):
+    from elastic_agent.coordination.protocol import Command, EventType, JobKeys, encode_command
+    from tests.test_agent import FAST, of_type
+
+    logs = tmp_path / "logs"
+    args = ["--redis", redis_url, "--job-id", job_id, "--local-addr", "127.0.0.1",
+            "--nproc-per-node", "1", "--log-dir", str(logs), "--preload", "preload_marker",
+            FAST, str(PROBE), "sleep"]
+    agent = Agent(args, tmp_path, "a")
+    try:
+        started = lambda n: len(of_type(r, job_id, EventType.WORKERS_STARTED)) >= n  # noqa: E731
+        wait_until(lambda: started(1), 60, "workers")
+        r.xadd(JobKeys(job_id).commands,
+               encode_command(Command("restart-1", "restart", "tester@host", args={})))
+        wait_until(lambda: started(2), 60, "restart by command")
+        for attempt in range(2):
+            err = logs / job_id / f"attempt_{attempt}" / "0" / "stderr.log"
+            wait_until(lambda err=err: err.exists() and err.read_text(), 30, "the probe")
+            assert forked(err.read_text()), f"attempt {attempt} was not forked"
+        r.xadd(JobKeys(job_id).commands,
+               encode_command(Command("stop-1", "stop", "tester@host", args={})))
+        assert agent.wait(30) == 143, agent.output[-3000:]
+    finally:
+        agent.kill()
