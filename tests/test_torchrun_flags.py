@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,9 +47,46 @@ def test_every_torchrun_flag_is_known_in_both_spellings() -> None:
 
 
 def test_flags_not_built_yet_are_refused_not_ignored(script: Path) -> None:
-    for argv in (["--duplicate-stdout-filters", "loss"], ["--duplicate_stderr_filters", "x"],
-                 ["--logs-specs", "mine"]):
-        assert "is not supported by elastic-agent yet; use" in usage([*argv, str(script)])
+    assert "is not supported by elastic-agent yet; use" in usage(
+        ["--logs-specs", "mine", str(script)])
+
+
+FILTER_SCRIPT = """\
+import os, sys
+r = os.environ["LOCAL_RANK"]
+for i in range(3):
+    print(f"loss {i} rank {r}")
+    print(f"acc {i} rank {r}")
+print(f"a,b together {r}")
+print(f"warn loss on stderr {r}", file=sys.stderr)
+"""
+
+
+def filtered(root: Path, name: str) -> list[str]:
+    (path,) = root.rglob(name)
+    assert path.parent.name == "attempt_0", path
+    return sorted(path.read_text().splitlines())
+
+
+def test_duplicate_filters_write_the_same_filtered_files_as_torchrun(
+        redis_url: str, job_id: str, tmp_path: Path) -> None:
+    script = tmp_path / "filters.py"
+    script.write_text(FILTER_SCRIPT)
+    flags = ["--nproc-per-node", "2", "--tee", "3", "--duplicate-stdout-filters", "loss,a,,b",
+             "--duplicate_stderr_filters", "warn"]
+    ours, theirs = tmp_path / "ours", tmp_path / "torchrun"
+    agent = Agent(["--redis", redis_url, "--job-id", job_id, *flags, "--log-dir", str(ours),
+                   str(script)], tmp_path, "agent")
+    assert agent.wait(60) == 0, agent.output
+    torchrun = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", *flags, "--log-dir",
+         str(theirs), str(script)], capture_output=True, text=True, timeout=120)
+    assert torchrun.returncode == 0, torchrun.stderr
+    for name in ("filtered_stdout.log", "filtered_stderr.log"):
+        assert filtered(ours, name) == filtered(theirs, name), name
+    assert filtered(ours, "filtered_stdout.log") == sorted(
+        [f"[default{r}]:loss {i} rank {r}" for r in (0, 1) for i in range(3)]
+        + [f"[default{r}]:a,b together {r}" for r in (0, 1)])
 
 
 def envs(agent: Agent) -> list[dict]:

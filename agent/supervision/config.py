@@ -65,6 +65,8 @@ class AgentConfig:
     virtual_local_rank: bool = False
     #: torchrun's --numa-binding mode (workers wrapped with numactl by torch's own rules).
     numa_binding: str | None = None
+    #: torchrun's --duplicate-std{out,err}-filters: protocol.STDOUT/STDERR -> needles.
+    duplicate_filters: dict[str, tuple[str, ...]] = field(default_factory=dict)
     #: --rdzv-backend static: this node's fixed group rank, and the given master.
     static: StaticPlacement | None = None
     #: --health-check-port (else $TORCHELASTIC_HEALTH_CHECK_PORT): liveness and /metrics.
@@ -87,6 +89,12 @@ class StaticPlacement:
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see elastic-agent --help)")
+
+
+def _comma_list(value: str) -> tuple[str, ...]:
+    """torchrun's comma-separated list: ``,,`` stands for a comma inside an item."""
+    marker = "\0"
+    return tuple(item.replace(marker, ",") for item in value.replace(",,", marker).split(","))
 
 
 def _both(name: str) -> list[str]:
@@ -164,9 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     a(*_both("log-line-prefix-template"), dest="log_line_prefix_template", default=None,
       help="prefix of terminal lines, with ${role_name}, ${rank} and ${local_rank}")
     a(*_both("duplicate-stdout-filters"), dest="duplicate_stdout_filters", default=None,
-      help="not supported yet (refused): use elastic-console logs JOB --grep RE")
+      type=_comma_list, help="teed stdout lines holding any of these strings (a,b; ',,' is a "
+      "comma) also go to LOG_DIR/JOB/attempt_N/filtered_stdout.log, as torchrun")
     a(*_both("duplicate-stderr-filters"), dest="duplicate_stderr_filters", default=None,
-      help="not supported yet (refused): use elastic-console logs JOB --stderr --grep RE")
+      type=_comma_list, help="the same for stderr, into filtered_stderr.log")
     a(*_both("logs-specs"), dest="logs_specs", default=None,
       help="not supported yet (refused): the log tree is torchrun's default one, under "
       "--log-dir")
@@ -278,11 +287,7 @@ def parse_rdzv_conf(value: str) -> dict[str, float]:
 def refuse_unsupported(ns: argparse.Namespace) -> None:
     """torchrun flags whose behaviour is not built yet: refused, never silently ignored."""
     for flag, value, instead in (
-            ("--duplicate-stdout-filters", ns.duplicate_stdout_filters,
-             "elastic-console logs JOB --grep RE"),
-            ("--duplicate-stderr-filters", ns.duplicate_stderr_filters,
-             "elastic-console logs JOB --stderr --grep RE"),
-            ("--logs-specs", ns.logs_specs, "--log-dir (torchrun's default layout)")):
+            ("--logs-specs", ns.logs_specs, "--log-dir (torchrun's default layout)"),):
         if value is not None:
             raise UsageError(f"{flag} is not supported by elastic-agent yet; use {instead}")
 
@@ -486,6 +491,9 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
         virtual_local_rank=ns.virtual_local_rank,
         numa_binding=check_numa_binding(ns.numa_binding),
         static=static,
+        duplicate_filters={stream: needles for stream, needles in (
+            ("out", ns.duplicate_stdout_filters), ("err", ns.duplicate_stderr_filters))
+            if needles is not None},
         health_check_port=None if ns.health_check_port is None else int(
             _number(ns.health_check_port, "--health-check-port")),
     )

@@ -129,7 +129,7 @@ class ElasticAgent:
             LogConfig(redirects=parse_std_spec(config.redirects), tee=parse_std_spec(config.tee),
                       local_ranks_filter=config.local_ranks_filter,
                       log_line_prefix_template=config.log_line_prefix_template,
-                      maxlen=config.log_retention),
+                      maxlen=config.log_retention, duplicate_filters=config.duplicate_filters),
             publisher=self.publisher, job_id=config.job_id, node_id=self.node_id)
         self.group = WorkerGroup(
             WorkerSpec(role=config.role, nproc=config.nproc, entrypoint=config.entrypoint,

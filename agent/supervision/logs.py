@@ -50,7 +50,7 @@ import re
 import stat
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntFlag
 from pathlib import Path
 from string import Template
@@ -316,6 +316,9 @@ class LogConfig:
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     maxlen: int = protocol.LOGS_MAXLEN
     max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES
+    #: torchrun's --duplicate-std{out,err}-filters: ``protocol.STDOUT``/``STDERR`` -> strings;
+    #: a teed line holding any of them also goes to the attempt's ``filtered_std*.log``.
+    duplicate_filters: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_line_bytes < 16:
@@ -349,6 +352,7 @@ class NodeLogs:
         self._registered = False
         self._stdout = stdout
         self._stderr = stderr
+        self._filtered: dict[tuple[str, Path], _FilteredFile] = {}
 
     @property
     def stream_key(self) -> str:
@@ -378,6 +382,48 @@ class NodeLogs:
             self._registered = True
         return WorkerLogs(self, directory=directory, role=role, rank=rank,
                           local_rank=local_rank, attempt=attempt)
+
+    def filtered_file(self, stream: str, attempt_dir: Path) -> _FilteredFile | None:
+        """The attempt's ``filtered_stdout.log``/``filtered_stderr.log`` (torchrun's
+        duplicate filters), shared by the node's workers; None without filters. The previous
+        attempt's file is closed when the next one opens."""
+        needles = self.config.duplicate_filters.get(stream)
+        if needles is None:
+            return None
+        key = (stream, attempt_dir)
+        found = self._filtered.get(key)
+        if found is None:
+            for old in [k for k in self._filtered if k[0] == stream]:
+                self._filtered.pop(old).close()
+            name = f"filtered_std{stream}.log"
+            dir_fd = open_private_dir(attempt_dir)
+            try:
+                fd = create_log_file(dir_fd, name, attempt_dir / name)
+            finally:
+                os.close(dir_fd)
+            found = self._filtered[key] = _FilteredFile(fd, needles)
+        return found
+
+
+class _FilteredFile:
+    """Complete lines of several workers, those holding a needle, each with its worker's
+    prefix (torchrun's ``TailLog`` with a ``log_line_filter``)."""
+
+    def __init__(self, fd: int, needles: tuple[str, ...]) -> None:
+        self._file: IO[bytes] | None = open(fd, "wb", buffering=0)  # noqa: SIM115
+        self.needles = tuple(n.encode() for n in needles)
+
+    def write_matching(self, prefix: bytes, lines: list[bytes]) -> None:
+        out = [prefix + line + b"\n" for line in lines
+               if any(n in line for n in self.needles)]
+        if out and self._file is not None:
+            with contextlib.suppress(OSError):  # a full disk loses only the duplicate
+                self._file.write(b"".join(out))
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 class WorkerLogs:
@@ -410,9 +456,11 @@ class WorkerLogs:
                     shipper = _Shipper(node.publisher, node.stream_key, cfg, node.node_id, rank,
                                        local_rank, attempt, name)
                 fd = create_log_file(dir_fd, fname, directory / fname)
+                # torchrun duplicates only what it tees (its TailLog reads the teed files).
+                filtered = node.filtered_file(name, directory.parent) if teed else None
                 self._streams[name] = _StreamLog(directory / fname, fd, writer,
                                                  prefix if teed else b"", shipper,
-                                                 cfg.max_line_bytes)
+                                                 cfg.max_line_bytes, filtered, prefix)
         except BaseException:
             for opened in self._streams.values():
                 opened.close()
@@ -449,8 +497,13 @@ class _StreamLog:
     """One stream of one worker: raw file, terminal (optionally prefixed), Redis shipper."""
 
     def __init__(self, path: Path, fd: int, writer: BinaryWriter | None, prefix: bytes,
-                 shipper: _Shipper | None, max_line_bytes: int) -> None:
+                 shipper: _Shipper | None, max_line_bytes: int,
+                 filtered: _FilteredFile | None = None, filtered_prefix: bytes = b"") -> None:
         self.path = path
+        self._filtered = filtered
+        self._filtered_prefix = filtered_prefix
+        self._filter_tail = b""  # the unfinished line, for the filtered file
+        self._filter_max = max(max_line_bytes, 1 << 20)
         # Unbuffered: each chunk is one write(2), so `tail -f` sees output as it comes.
         self._file: IO[bytes] | None = open(fd, "wb", buffering=0)  # noqa: SIM115
         self._writer = writer
@@ -472,6 +525,23 @@ class _StreamLog:
             self._to_terminal(data)
         if self._shipper is not None:
             self._shipper.feed(data)
+        if self._filtered is not None:
+            self._filter(data)
+
+    def _filter(self, data: bytes, final: bool = False) -> None:
+        assert self._filtered is not None
+        buf = self._filter_tail + data
+        nl = buf.rfind(b"\n")
+        if final or len(buf) - nl > self._filter_max:  # the end, or a line past any bound
+            lines, self._filter_tail = buf.split(b"\n"), b""
+            if not lines[-1]:
+                lines.pop()
+        elif nl < 0:
+            self._filter_tail = buf
+            return
+        else:
+            lines, self._filter_tail = buf[:nl].split(b"\n"), buf[nl + 1:]
+        self._filtered.write_matching(self._filtered_prefix, lines)
 
     def close(self) -> None:
         if self.closed:
@@ -487,6 +557,8 @@ class _StreamLog:
             self._midline = False
         if self._shipper is not None:
             self._shipper.eof()
+        if self._filtered is not None:
+            self._filter(b"", final=True)
         if self._file is not None:
             self._file.close()
             self._file = None
