@@ -320,3 +320,29 @@ def test_joining_lists_the_job_in_the_index(nodes: Nodes, r, job_id: str) -> Non
     nodes.make(fixed(1)).next_rendezvous()
     assert r.zscore(JOBS_INDEX, job_id) is not None
     assert r.hget(JobKeys(job_id).meta, "max_nodes") == b"1"
+
+
+def test_heartbeats_outlive_a_refusal_such_as_oom(private_redis, job_id: str) -> None:
+    """maxmemory with noeviction makes every write (the heartbeat script's too) fail with
+    OOM; once memory is back the same node beats again, never having left its round."""
+    from elastic_agent.coordination.connection import make_client
+
+    handle = RedisRendezvous(private_redis.url, job_id,
+                             fixed(1, keep_alive_interval=0.05, heartbeat_timeout=5),
+                             local_addr="127.0.0.1")
+    admin = make_client(private_redis.url)
+    try:
+        handle.next_rendezvous()
+        wait_until(lambda: handle.renewed_at is not None, 5, "a first heartbeat")
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", "1")
+        time.sleep(0.5)  # several beats refused with OOM
+        refused_since = time.monotonic()
+        admin.config_set("maxmemory", "0")
+        wait_until(lambda: (handle.renewed_at or 0) > refused_since, 5,
+                   "heartbeats after the OOM ended")
+        assert handle._hb_thread is not None and handle._hb_thread.is_alive()
+    finally:
+        admin.config_set("maxmemory", "0")
+        admin.close()
+        handle.shutdown()

@@ -734,12 +734,20 @@ class RedisRendezvous:
             self._hb_thread.start()
 
     def _heartbeat_loop(self) -> None:
+        last_error = ""
         while not self._stop.wait(self.settings.keep_alive_interval):
             try:
                 self.heartbeat()
-            except RendezvousConnectionError as exc:
-                # Keep trying: an outage must not make the node look lost once it ends.
-                log.warning("heartbeat failed: %s", exc)
+                last_error = ""
+            except Exception as exc:  # this thread must outlive any refusal
+                # Keep trying, whatever Redis answers: an outage, or a refusal such as OOM
+                # (maxmemory with noeviction) that ends by itself, must not stop the beats and
+                # make the node look lost (and freeze its workers) once it is over.
+                message = str(exc) if isinstance(exc, RendezvousConnectionError) else (
+                    str(explain_error(exc, self.endpoint.display)))
+                if message != last_error:  # once per kind of failure, not every interval
+                    log.warning("heartbeat failed: %s", message)
+                    last_error = message
 
 
 def _decode_round(raw: Any) -> RoundInfo:
