@@ -202,16 +202,7 @@ class _Keeper:
         if pid == 0:  # pragma: no cover - the child, until exec
             code = 0
             try:
-                signal.set_wakeup_fd(-1)
-                for sig, disposition in self.restore.items():
-                    signal.signal(sig, disposition)
-                os.setsid()
-                # If the keeper is gone, nobody could stop this worker: don't start it.
-                self.libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-                if os.getppid() != self.me:
-                    os._exit(1)
-                os.dup2(out_fd, 1)
-                os.dup2(err_fd, 2)
+                _become_worker(self.libc, self.me, self.restore, out_fd, err_fd)
                 os.closerange(3, err_w)
                 os.closerange(err_w + 1, os.sysconf("SC_OPEN_MAX"))
                 os.execvpe(argv[0], argv, env)
@@ -245,15 +236,7 @@ class _Keeper:
         if pid:
             return pid, 0
         try:  # pragma: no cover - the child
-            signal.set_wakeup_fd(-1)
-            for sig, disposition in self.initial.items():
-                signal.signal(sig, disposition)
-            os.setsid()
-            self.libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-            if os.getppid() != self.me:
-                os._exit(1)
-            os.dup2(out_fd, 1)
-            os.dup2(err_fd, 2)
+            _become_worker(self.libc, self.me, self.initial, out_fd, err_fd)
             os.closerange(3, os.sysconf("SC_OPEN_MAX"))
             environ = {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
             orig = [os.fsdecode(a) for a in argv]
@@ -287,6 +270,22 @@ class _Keeper:
                 _kill(pid, tree | {self.me})
             if not self.reap(block=True):
                 return
+
+
+def _become_worker(libc: ctypes.CDLL, keeper_pid: int, dispositions: dict[int, object], out_fd: int,
+                   err_fd: int) -> None:  # pragma: no cover - runs in the forked child
+    """In a child just forked to be a worker: the signal handlers it is born with, its own
+    session, death with the keeper, and the worker's pipes as stdout and stderr."""
+    signal.set_wakeup_fd(-1)
+    for sig, disposition in dispositions.items():
+        signal.signal(sig, disposition)
+    os.setsid()
+    # If the keeper is gone, nobody could stop this worker: don't start it.
+    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != keeper_pid:
+        os._exit(1)
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
 
 
 def _more_from(fd: int, unframer: Unframer) -> bool:

@@ -718,13 +718,18 @@ class _Shipper:
             nbytes = len(self._partial) + self._partial_extra
             self._ship([self._take_partial()], 1, nbytes)
 
-    def _ship(self, texts: list[str], nlines: int, nbytes: int) -> None:
+    def _open_batch(self) -> tuple[_Batch, Record]:
+        """The batch still waiting in the publisher, or a new one once it was sent or full."""
         batch, handle = self._batch, self._handle
         if (batch is None or handle is None or not handle.open
                 or batch.nbytes >= self.max_entry_bytes):
             batch = _Batch(self)
             handle = self.publisher.publish_deferred(self.key, batch, self.maxlen)
             self._batch, self._handle = batch, handle
+        return batch, handle
+
+    def _ship(self, texts: list[str], nlines: int, nbytes: int) -> None:
+        batch, handle = self._open_batch()
         if batch.live is not None:
             # The first of these lines finishes the line whose frame waits here unsent:
             # the frame would only be replaced by it.
@@ -756,12 +761,7 @@ class _Shipper:
         self._live_dirty = False
         self._live_at = asyncio.get_running_loop().time()
         text = self._frame_text(bytes(self._partial), self._partial_extra)
-        batch, handle = self._batch, self._handle
-        if (batch is None or handle is None or not handle.open
-                or batch.nbytes >= self.max_entry_bytes):
-            batch = _Batch(self)
-            handle = self.publisher.publish_deferred(self.key, batch, self.maxlen)
-            self._batch, self._handle = batch, handle
+        batch, handle = self._open_batch()
         old = len(batch.live) if batch.live is not None else 0
         batch.live = text  # a frame not sent yet is replaced: frames coalesce in an outage
         self.publisher.grow(handle, max(0, len(text) - old))  # also wakes the flusher

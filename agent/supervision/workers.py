@@ -451,6 +451,29 @@ class WorkerGroup:
         self.state = WorkerState.HEALTHY
         return self.workers
 
+    async def _connect_pipes(self, loop: asyncio.AbstractEventLoop, w: _Worker,
+                             write_ends: list[int]) -> list[int]:
+        """Connect ``w``'s stdout and stderr pipes to its logs; return their write ends (also
+        added to ``write_ends``, which the caller closes once the keeper holds them)."""
+        ends = []
+        for stream in (protocol.STDOUT, protocol.STDERR):
+            read_end, write_end = os.pipe()
+            write_ends.append(write_end)
+            ends.append(write_end)
+            w.pipe_inodes.add(os.fstat(read_end).st_ino)
+            pipe, _ = await loop.connect_read_pipe(
+                lambda w=w, stream=stream: _PipeProtocol(w.logs, stream),
+                open(read_end, "rb", buffering=0))  # noqa: SIM115 - the transport's
+            w.pipes.append(pipe)
+        return ends
+
+    def _launch_args(self, w: _Worker, assignment: RankAssignment
+                     ) -> tuple[list[bytes], dict[bytes, bytes]]:
+        """``w``'s argv and environment as the keeper takes them."""
+        env = worker_env(self.spec, assignment, w.local_rank, self._base_env)
+        return ([os.fsencode(a) for a in worker_argv(self.spec, w.local_rank)],
+                {os.fsencode(k): os.fsencode(v) for k, v in env.items()})
+
     async def _start_keeper(self, loop: asyncio.AbstractEventLoop,
                             assignment: RankAssignment) -> _Keeper:
         """Connect every worker's output pipes, start the keeper, and ask it for the workers.
@@ -470,20 +493,8 @@ class WorkerGroup:
         requests = []
         try:
             for w in self._workers:
-                ends = []
-                for stream in (protocol.STDOUT, protocol.STDERR):
-                    read_end, write_end = os.pipe()
-                    write_ends.append(write_end)
-                    ends.append(write_end)
-                    w.pipe_inodes.add(os.fstat(read_end).st_ino)
-                    pipe, _ = await loop.connect_read_pipe(
-                        lambda w=w, stream=stream: _PipeProtocol(w.logs, stream),
-                        open(read_end, "rb", buffering=0))  # noqa: SIM115 - the transport's
-                    w.pipes.append(pipe)
-                env = worker_env(spec, assignment, w.local_rank, self._base_env)
-                requests.append(([os.fsencode(a) for a in worker_argv(spec, w.local_rank)],
-                                 {os.fsencode(k): os.fsencode(v) for k, v in env.items()},
-                                 *ends))
+                ends = await self._connect_pipes(loop, w, write_ends)
+                requests.append((*self._launch_args(w, assignment), *ends))
             handle.process, _ = await loop.subprocess_exec(
                 lambda: _KeeperProcess(handle.exited), sys.executable, "-I", "-S",
                 keeper.__file__, str(theirs.fileno()),
@@ -571,20 +582,8 @@ class WorkerGroup:
         how = zygote.recipe(spec.entrypoint) if spec.numa_binding is None else None
         try:
             for w in self._workers:
-                ends = []
-                for stream in (protocol.STDOUT, protocol.STDERR):
-                    read_end, write_end = os.pipe()
-                    write_ends.append(write_end)
-                    ends.append(write_end)
-                    w.pipe_inodes.add(os.fstat(read_end).st_ino)
-                    pipe, _ = await loop.connect_read_pipe(
-                        lambda w=w, stream=stream: _PipeProtocol(w.logs, stream),
-                        open(read_end, "rb", buffering=0))  # noqa: SIM115 - the transport's
-                    w.pipes.append(pipe)
-                env = worker_env(spec, assignment, w.local_rank, self._base_env)
-                requests.append(([os.fsencode(a) for a in worker_argv(spec, w.local_rank)],
-                                 {os.fsencode(k): os.fsencode(v) for k, v in env.items()},
-                                 *ends, how))
+                ends = await self._connect_pipes(loop, w, write_ends)
+                requests.append((*self._launch_args(w, assignment), *ends, how))
             handle.process = process
             handle.exited = exited
             handle.pid = process.get_pid()
