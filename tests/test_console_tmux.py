@@ -74,6 +74,10 @@ def test_attach_restart_and_detach_in_tmux(redis_url, r, job_id, tmp_path):
         wait_until(lambda: "accepted by 1/1 agent" in tmux.screen(), 20, "the ack on screen")
         wait_until(lambda: restarts_by_command(r, job_id) == 1, 20, "the restart in Redis")
         tmux.keys("Escape")
+        # The timeline shows beside the dialog: wait for the dialog itself to close, or the
+        # q below lands in it (a lone Escape reaches Textual only after its escape delay).
+        wait_until(lambda: "Restart the worker group?" not in tmux.screen(), 20,
+                   "the dialog to close")
         wait_until(lambda: "restarting (command)" in tmux.screen(), 20,
                    "the restart read back from the timeline")
         tmux.keys("q")
