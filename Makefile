@@ -1,6 +1,7 @@
 # `make test` and `make demo` work on a fresh machine: they build .venv, install the project
 # with its test extras (torch pinned to the CPU build found on these machines) and find or
-# install a real redis-server; `make test` also tmux, for the console's end-to-end test.
+# install a real redis-server; `make test` also tmux, for the console's end-to-end test, and
+# chromium, for the browser view's.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -21,7 +22,7 @@ redis: $(STAMP)
 	@bash scripts/ensure-tools.sh $(VENV) redis-server
 
 tools: $(STAMP)
-	@bash scripts/ensure-tools.sh $(VENV) redis-server tmux
+	@bash scripts/ensure-tools.sh $(VENV) redis-server tmux chromium
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check agent console tests bench examples scripts
@@ -36,6 +37,8 @@ bench: redis
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/log_view_bench.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/console_bench.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/watchdog_bench.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/redis_memory.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/stacks_bench.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/chaos.py --agents 16 --workers 8 --duration 150 --seed 1
 
 screenshots: redis

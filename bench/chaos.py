@@ -37,7 +37,7 @@ How failures map to restarts (what the agents must count, and what is compared)
 
 What is verified after the end file (printed as a table; exit status 1 on any mismatch)
   * the job succeeded; each surviving worker's last line is its final line, in Redis (its
-    node's log stream), in its log file (``<log-dir>/<job>/attempt_<round>/<rank>/stdout.log``)
+    node's log stream), in its log file (``<log-dir>/<job>_<random>/attempt_<round>/<local rank>/stdout.log``)
     and in the console; and its final attempt's whole output is in Redis and in the console
     as in the file, in order and once (if Redis was emptied during that attempt, the lines
     it held are gone from it: then only lines left out are allowed, and counted);
@@ -459,6 +459,9 @@ def compare(console: dict[str, Any], status: dict[str, Any], lost: BeforeRedis |
     what an empty Redis took (see the module docstring). Empty: equal."""
     diffs = []
     c, s = dict(console), dict(status)
+    # The TTL Redis had left on the job's records when `status` ran: a clock reading at that
+    # moment, not job state the console folds from events (its header reads the TTL itself).
+    s.pop("expires_in_s", None)
     if lost is not None:
         # Ranks: status counts starts from the restored announcement on.
         s_ranks = []
@@ -895,11 +898,14 @@ class Chaos:
                 node_of[rank] = node
         in_redis = await asyncio.to_thread(self._attempt_lines_in_redis, node_of, attempts)
         in_files: dict[int, list[str]] = {}
-        for rank in expected:
-            path = (self.workdir / "logs" / self.job / f"attempt_{attempts[rank]}" / str(rank)
-                    / "stdout.log")
+        # Each agent has its own run directory (<job>_<random>) and local-rank directories:
+        # a rank's file is the one of its attempt that starts with its own start line.
+        for path in (self.workdir / "logs").glob(f"{self.job}_*/attempt_*/*/stdout.log"):
             with contextlib.suppress(OSError):
-                in_files[rank] = path.read_text(errors="replace").splitlines()
+                lines = path.read_text(errors="replace").splitlines()
+                for rank, start in start_of.items():
+                    if start in lines[:5] and path.parent.parent.name == f"attempt_{attempts[rank]}":
+                        in_files[rank] = lines
         in_console: dict[int, list[str]] = {}
         for rank in expected:
             out = [t for _, _, s, t in self.app.view.logs_for(rank) if s == STDOUT]

@@ -12,13 +12,23 @@ Both launchers run as separate processes with identical flags (``--standalone``,
      latest worker start time on attempt 1 minus the crash time, from timestamps the workers
      append to a file (``CRASH_TIMING_FILE``), not from launcher output.
   c) 4 workers x ``--lines`` lines (examples/print_lines.py) with ``--tee 3``, launcher output to
-     /dev/null: wall time; and the same without ``--tee`` for reference.
-  d) the launcher's own CPU seconds (user+sys, children excluded) while 4 workers print a steady
-     ``--rate`` lines/s in total for ``--duration`` s, with ``--tee 3``. ``wait4``'s rusage would
-     include every child the launcher reaped (workers included), so the figure is read from
-     ``/proc/<pid>/stat`` (utime+stime) of the exited launcher before it is reaped
-     (``waitid(WNOWAIT)``). CPU of helper processes (descendants that are not workers, e.g. an
-     embedded redis-server) is sampled separately.
+     /dev/null: wall time; and the same without ``--tee`` for reference. Every ``--tee`` run is
+     checked: each rank's stdout.log holds all its lines (both launchers), and for
+     elastic-agent the job's log streams in Redis hold them too (entries decoded with the
+     protocol's ``decode_log_batch``, a retried batch counted once). A line missing anywhere
+     fails the figure and the bench (exit 1). So that Redis can be read after the agent
+     exits, elastic-agent runs here on a redis-server the bench starts on loopback (emptied
+     before each run) instead of ``--standalone``'s embedded one, which stops with the agent;
+     starting that server is outside the timed span.
+  d) the launcher's CPU seconds (user+sys) while 4 workers print a steady ``--rate`` lines/s in
+     total for ``--duration`` s, with ``--tee 3``: the whole process tree of the launcher
+     except the workers -- the launcher itself and its helpers: elastic-agent's embedded
+     redis-server and keeper, torchrun's own children (its c10d store is a thread of its own).
+     The tree's total is exact: ``/proc/<pid>/stat`` of the exited launcher before it is reaped
+     (``waitid(WNOWAIT)``), utime+stime plus cutime+cstime (every descendant reaped inside the
+     tree; a process left behind is reported). The workers' part (processes running the
+     script) is sampled every 20 ms and subtracted; a worker's last <= 20 ms escape the
+     sample, which counts against the launcher.
 
 Every figure is the median of ``--repeat`` runs. Each run has a timeout; a launcher that hangs
 is killed with its whole process group and every process seen in its tree, and processes left
@@ -26,6 +36,9 @@ behind after a launcher exits are reported and killed. Linux only (/proc).
 
     python bench/launch_bench.py [--repeat 5] [--only a,b,c,d] [--lines 100000]
                                  [--launchers torchrun,elastic-agent]
+
+Exit status 1 when a figure could not be measured for a launcher (a failed or hung run, or
+lines lost in (c)).
 """
 
 from __future__ import annotations
@@ -48,6 +61,10 @@ from importlib import metadata
 from pathlib import Path
 
 import psutil
+
+from elastic_agent.coordination.connection import make_client
+from elastic_agent.coordination.protocol import STDOUT, JobKeys, decode_log_batch
+from elastic_agent.supervision.standalone import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -117,7 +134,7 @@ class TreeSampler(threading.Thread):
         self.samples = 0
         self.seen: dict[int, psutil.Process] = {}
         self.helper_cpu: dict[int, float] = {}
-        self.workers: set[int] = set()
+        self.worker_cpu: dict[int, float] = {}
 
     def _proc(self, pid: int) -> psutil.Process | None:
         proc = self.seen.get(pid)
@@ -143,11 +160,11 @@ class TreeSampler(threading.Thread):
                 total += proc.memory_info().rss
                 if pid == self.root:
                     continue
+                t = proc.cpu_times()
                 if self.worker_marker in cmdline:
-                    self.workers.add(pid)
+                    self.worker_cpu[pid] = t.user + t.system
                     self.helper_cpu.pop(pid, None)
-                elif pid not in self.workers:
-                    t = proc.cpu_times()
+                elif pid not in self.worker_cpu:
                     self.helper_cpu[pid] = t.user + t.system
             except (psutil.Error, OSError):
                 continue
@@ -185,20 +202,24 @@ class Run:
     peak_rss: int = 0
     maxrss: int = 0
     own_cpu: float = 0.0
-    helper_cpu: float = 0.0
+    tree_cpu: float = 0.0  # exact: the launcher and every descendant it (transitively) reaped
+    worker_cpu: float = 0.0  # sampled
+    helper_cpu: float = 0.0  # sampled, for the breakdown only
     leftovers: int = 0
     samples: int = 0
     extra: dict = field(default_factory=dict)
 
 
-def _own_cpu_of_zombie(pid: int) -> float | None:
-    """utime+stime of an exited, not yet reaped process (its own, children excluded)."""
+def _cpu_of_zombie(pid: int) -> tuple[float, float] | None:
+    """(own utime+stime, cutime+cstime of the children it reaped) of an exited, not yet reaped
+    process."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return ((int(fields[11]) + int(fields[12])) / CLK_TCK,
+            (int(fields[13]) + int(fields[14])) / CLK_TCK)
 
 
 def _last_line(path: Path) -> str:
@@ -224,12 +245,15 @@ class Bench:
 
     def run(self, name: str, exe: str, launcher_args: list[str], script: str,
             script_args: list[str], *, sample_interval: float, quiet: bool = False,
-            env_extra: dict[str, str] | None = None) -> Run:
-        """Launch once; wait for exit (or time out and kill); collect the figures."""
+            env_extra: dict[str, str] | None = None, redis_url: str | None = None) -> Run:
+        """Launch once; wait for exit (or time out and kill); collect the figures.
+        ``redis_url``: elastic-agent uses that Redis instead of ``--standalone``'s own."""
         self.counter += 1
         run_dir = self.workdir / f"{self.counter:03d}-{name}"
         run_dir.mkdir(parents=True)
-        cmd = [exe, "--standalone", "--nproc-per-node", str(NPROC), *launcher_args,
+        where = ["--redis", redis_url] if redis_url and name == "elastic-agent" else [
+            "--standalone"]
+        cmd = [exe, *where, "--nproc-per-node", str(NPROC), *launcher_args,
                "--log-dir", str(run_dir / "logs")]
         env = {k: v for k, v in os.environ.items()
                if k not in _STRIP_ENV and not k.startswith("TORCHELASTIC_")}
@@ -238,6 +262,8 @@ class Bench:
             job_id = f"bench-{uuid.uuid4().hex[:12]}"
             cmd += ["--job-id", job_id]
             env["ELASTIC_JOB_ID"] = job_id
+        else:
+            job_id = ""
         env.update(env_extra or {})
         cmd += [str(EXAMPLES / script), *script_args]
 
@@ -264,7 +290,7 @@ class Bench:
             # Wait without reaping, read the zombie's own CPU, then reap with wait4.
             os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
             result["wall"] = time.perf_counter() - started
-            result["own_cpu"] = _own_cpu_of_zombie(proc.pid)
+            result["cpu"] = _cpu_of_zombie(proc.pid)
             _, status, usage = os.wait4(proc.pid, 0)
             result["status"] = status
             result["usage"] = usage
@@ -298,7 +324,8 @@ class Bench:
 
         run = Run(ok=not timed_out and proc.returncode == 0, leftovers=len(leftovers),
                   samples=sampler.samples, peak_rss=sampler.peak_rss,
-                  helper_cpu=sum(sampler.helper_cpu.values()))
+                  helper_cpu=sum(sampler.helper_cpu.values()),
+                  worker_cpu=sum(sampler.worker_cpu.values()))
         if timed_out:
             run.error = f"timed out after {self.timeout:g} s, killed"
         elif proc.returncode != 0:
@@ -306,10 +333,12 @@ class Bench:
             run.error = f"exit code {proc.returncode}" + (f": {line}" if line else "")
         if "wall" in result:
             run.wall = result["wall"]
-            run.own_cpu = result["own_cpu"] or 0.0
+            own, reaped = result["cpu"] or (0.0, 0.0)
+            run.own_cpu, run.tree_cpu = own, own + reaped
         if "usage" in result:
             run.maxrss = result["usage"].ru_maxrss * 1024  # KiB on Linux
         run.extra["run_dir"] = run_dir
+        run.extra["job_id"] = job_id
         return run
 
 
@@ -412,50 +441,127 @@ def bench_b(bench: Bench, launchers: dict[str, str], repeat: int) -> list[Figure
     return [fig]
 
 
-def _count_logged_lines(run_dir: Path) -> int:
-    total = 0
+def _line_counts(lines: list[bytes] | list[str], rank: int) -> int:
+    """Lines of print_lines.py's rank ``rank`` among ``lines``."""
+    head = f"rank {rank} line "
+    return sum(1 for line in lines
+               if (line.decode(errors="replace") if isinstance(line, bytes) else line)
+               .startswith(head))
+
+
+def lines_in_files(run_dir: Path) -> dict[int, int]:
+    """Local rank -> lines of that rank in its stdout.log (one group on one node: local
+    rank = rank)."""
+    counts: dict[int, int] = {}
     for path in (run_dir / "logs").rglob("stdout.log"):
-        with open(path, "rb") as f:
-            total += sum(chunk.count(b"\n") for chunk in iter(lambda f=f: f.read(1 << 20), b""))
-    return total
+        rank = int(path.parent.name)
+        if rank in counts:
+            raise ValueError(f"two stdout.log files for local rank {rank}: {path}")
+        counts[rank] = _line_counts(path.read_bytes().splitlines(), rank)
+    return counts
+
+
+def lines_in_redis(url: str, job_id: str) -> dict[int, int]:
+    """Rank -> stdout lines of that rank in the job's log streams, decoded as a reader does:
+    a batch written twice (a retried XADD) counts once; an entry that does not decode is an
+    error."""
+    client = make_client(url)
+    try:
+        keys = JobKeys(job_id)
+        counts: dict[int, int] = {}
+        seen: set[tuple] = set()
+        for stream in client.smembers(keys.log_streams):
+            after = "-"
+            while entries := client.xrange(stream, min=after, count=2000):
+                for entry_id, fields in entries:
+                    batch = decode_log_batch(entry_id, fields)
+                    if batch is None:
+                        raise ValueError(f"undecodable entry {entry_id!r} in {stream!r}")
+                    key = (batch.node, batch.rank, batch.attempt, batch.stream, batch.seq)
+                    if key in seen or batch.stream != STDOUT:
+                        continue
+                    seen.add(key)
+                    # A live batch's last line is redrawn by the next batch's first one.
+                    lines = batch.lines[:-1] if batch.live else batch.lines
+                    counts[batch.rank] = counts.get(batch.rank, 0) + _line_counts(
+                        lines, batch.rank)
+                last = entries[-1][0]
+                after = "(" + (last.decode() if isinstance(last, bytes) else last)
+        return counts
+    finally:
+        client.close()
+
+
+def missing_lines(where: str, counts: dict[int, int], lines: int) -> str:
+    """'' when every rank's ``lines`` lines are there, else what is missing."""
+    want = {rank: lines for rank in range(NPROC)}
+    if counts == want:
+        return ""
+    got = sum(counts.values())
+    return (f"{where} hold {got} of {NPROC * lines} lines "
+            f"(per rank: {dict(sorted(counts.items()))})")
 
 
 def bench_c(bench: Bench, launchers: dict[str, str], repeat: int, lines: int) -> list[Figure]:
-    tee = Figure("c", f"c) 4 x {lines} lines, --tee 3: wall", "s", 0.5)
+    tee = Figure("c", f"c) 4 x {lines} lines, --tee 3, all checked in files (+ Redis): wall",
+                 "s", 0.5)
     plain = Figure("c", f"c) 4 x {lines} lines, no --tee (reference): wall", "s", None)
-    for fig, flags in ((tee, ["--tee", "3"]), (plain, [])):
-        for i, name, exe in rounds(launchers, repeat, [fig]):
-            run = bench.run(name, exe, flags, "print_lines.py", ["--lines", str(lines)],
-                            sample_interval=0.05, quiet=True)
-            if not _check([fig], name, run, "c"):
-                continue
-            fig.add(name, run.wall)
-            logged = _count_logged_lines(run.extra["run_dir"]) if flags else 0
-            extra = ""
-            if flags and logged and logged != NPROC * lines:
-                extra = f" (stdout.log files hold {logged} of {NPROC * lines} lines)"
-            note(f"  c {name} {'tee' if flags else 'no tee'} {i + 1}/{repeat}: "
-                 f"{run.wall:.2f} s{extra}")
+    server = RedisServer().start()
+    try:
+        client = make_client(server.url)
+        for fig, flags in ((tee, ["--tee", "3"]), (plain, [])):
+            for i, name, exe in rounds(launchers, repeat, [fig]):
+                client.flushall()  # every run starts on an empty server, as --standalone's
+                run = bench.run(name, exe, flags, "print_lines.py", ["--lines", str(lines)],
+                                sample_interval=0.05, quiet=True, redis_url=server.url)
+                if not _check([fig], name, run, "c"):
+                    continue
+                checked = ""
+                if flags:
+                    try:
+                        lost = missing_lines("the stdout.log files",
+                                             lines_in_files(run.extra["run_dir"]), lines)
+                        if not lost and name == "elastic-agent":
+                            lost = missing_lines("the job's log streams in Redis", lines_in_redis(
+                                server.url, run.extra["job_id"]), lines)
+                    except (OSError, ValueError) as exc:
+                        lost = f"cannot count the lines: {exc}"
+                    if lost:
+                        _check([fig], name, Run(ok=False, error=f"LINES LOST: {lost}"), "c")
+                        continue
+                    checked = ", all lines in files" + (
+                        " and Redis" if name == "elastic-agent" else "")
+                fig.add(name, run.wall)
+                note(f"  c {name} {'tee' if flags else 'no tee'} {i + 1}/{repeat}: "
+                     f"{run.wall:.2f} s{checked}")
+        client.close()
+    finally:
+        server.cleanup()
     return [tee, plain]
 
 
 def bench_d(bench: Bench, launchers: dict[str, str], repeat: int, rate: int,
             duration: float) -> list[Figure]:
-    own = Figure("d", f"d) launcher own CPU, {rate // 1000}k lines/s x {duration:g} s, --tee 3",
-                 "s", None)
-    helpers = Figure("d", "d) CPU of helper processes (sampled, not workers)", "s", None)
+    cpu = Figure("d", f"d) launcher CPU incl. helpers (tree minus workers), {rate // 1000}k "
+                 f"lines/s x {duration:g} s, --tee 3", "s", None)
+    own = Figure("d", "d) of which the launcher process itself", "s", None)
     per_worker = int(rate * duration / NPROC)
-    for i, name, exe in rounds(launchers, repeat, [own, helpers]):
+    for i, name, exe in rounds(launchers, repeat, [cpu, own]):
         run = bench.run(name, exe, ["--tee", "3"], "print_lines.py",
                         ["--lines", str(per_worker), "--rate", str(rate)],
-                        sample_interval=0.05, quiet=True)
-        if not _check([own, helpers], name, run, "d"):
+                        sample_interval=0.02, quiet=True)
+        if run.ok and run.leftovers:
+            run = Run(ok=False, error=f"{run.leftovers} process(es) outlived the launcher: "
+                      "their CPU is not in its tree's total")
+        if not _check([cpu, own], name, run, "d"):
             continue
+        cpu.add(name, run.tree_cpu - run.worker_cpu)
         own.add(name, run.own_cpu)
-        helpers.add(name, run.helper_cpu)
-        note(f"  d {name} {i + 1}/{repeat}: own CPU {run.own_cpu:.2f} s, helpers "
-             f"{run.helper_cpu:.2f} s, wall {run.wall:.2f} s")
-    return [own, helpers]
+        note(f"  d {name} {i + 1}/{repeat}: tree {run.tree_cpu:.2f} s - workers "
+             f"{run.worker_cpu:.2f} s = {run.tree_cpu - run.worker_cpu:.2f} s (launcher "
+             f"{run.own_cpu:.2f} s, helpers sampled {run.helper_cpu:.2f} s), wall "
+             f"{run.wall:.2f} s")
+    return [cpu, own]
 
 
 # --------------------------------------------------------------------------- report
@@ -555,11 +661,12 @@ def main(argv: list[str] | None = None) -> int:
     print("\npeak RSS: the largest sum of RSS over the launcher and all its descendants, "
           "sampled every 5 ms\n  by a psutil thread (pages shared by several processes count "
           "in each; a fork not yet exec'd\n  is not counted again). ru_maxrss: os.wait4 on the "
-          "launcher (the larger of its own peak and\n  any reaped child's). Launcher CPU: "
+          "launcher (the larger of its own peak and\n  any reaped child's). Launcher's own CPU: "
           "utime+stime in /proc/<pid>/stat of the exited launcher before\n  it is reaped, "
-          "children excluded (wait4's rusage would include the reaped workers).")
-    ok = "torchrun" not in names or all(
-        fig.median("torchrun") is not None for fig in figs)
+          "children excluded (wait4's rusage would include the reaped workers).\n  Launcher CPU "
+          "incl. helpers: the tree's exact total (the same stat, plus cutime+cstime) minus\n"
+          "  the workers' CPU sampled every 20 ms.")
+    ok = all(fig.median(name) is not None for fig in figs for name in names)
     return 0 if ok else 1
 
 

@@ -7,6 +7,8 @@ its peak RSS (``ru_maxrss``) is its own:
 * ``log``:      Textual's ``Log`` (``write_lines``, ``max_lines=200_000``), same lines;
 * ``filters``:  LogView again, pressing keys the app binds to change ``rank_filter`` (``r``)
   and ``stderr_only`` (``e``) while the feed runs (``Log`` cannot filter: no counterpart);
+* ``unique``:   LogView over the console's ``u`` rows (console/dedupe.py: a line many ranks
+  printed, once), taken in from the fed ring at each tick as the app does;
 * ``tuned``:    LogView with the lines as plain tuples instead of the ``LogLine`` NamedTuple
   and ``gc.freeze()`` after startup. A NamedTuple instance stays tracked by the cyclic GC for
   life (CPython untracks only exact tuples of atomic values), so 200k of them make every full
@@ -51,6 +53,7 @@ from textual.geometry import Region
 from textual.strip import Strip
 from textual.widgets import Log
 
+from elastic_console.dedupe import UniqueLogs
 from elastic_console.logbuffer import LogBuffer, LogLine
 from elastic_console.widgets.log_view import LogView
 
@@ -183,6 +186,7 @@ class BenchApp(App[None]):
         self.rate = rate
         self.capacity = capacity
         self.buffer = LogBuffer(capacity)
+        self.unique = UniqueLogs(self.buffer) if variant == "unique" else None
         self.pool = make_pool()
         self.pushed = 0
         self.ticks = 0
@@ -194,7 +198,7 @@ class BenchApp(App[None]):
         if self.variant == "log":
             yield BenchLog(max_lines=self.capacity)
         else:
-            yield BenchLogView(self.buffer)
+            yield BenchLogView(self.unique.buffer if self.unique else self.buffer)
 
     def start_feed(self) -> None:
         self.started = time.perf_counter()
@@ -219,8 +223,13 @@ class BenchApp(App[None]):
         if self.variant == "log":
             self.query_one(BenchLog).write_lines([ln.text for ln in lines])
         else:
+            views = self.query(BenchLogView)
+            if not views:
+                return  # the app is shutting down (a late tick under load)
             self.buffer.extend(lines)
-            self.query_one(BenchLogView).on_new_lines()
+            if self.unique is not None:
+                self.unique.sync()
+            views.first().on_new_lines()
         self.tick_ms.append((time.perf_counter() - t) * 1000)
         self.pushed += due
         self.ticks += 1
@@ -340,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"log view bench: {SIZE[0]}x{SIZE[1]} headless, {args.rate} lines/s over {RANKS} ranks "
           f"for {args.duration:g} s, capacity {args.capacity}, textual {textual.__version__}, "
           f"Python {sys.version.split()[0]}")
-    results = {v: run_child(v, args) for v in ("logview", "log", "filters", "tuned")}
+    results = {v: run_child(v, args) for v in ("logview", "log", "filters", "tuned", "unique")}
     rows = [
         ("LogView", "up/pageup/end", results["logview"], FOLLOW_KEYS),
         ("Log (built-in)", "up/pageup/end", results["log"], FOLLOW_KEYS),
@@ -348,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         ("LogView", "stderr only", results["filters"], ["e"]),
         ("LogView filtered", "up/end", results["filters"], ["up", "end"]),
         ("LogView tuned", "up/pageup/end", results["tuned"], FOLLOW_KEYS),
+        ("LogView unique (u)", "up/pageup/end", results["unique"], FOLLOW_KEYS),
     ]
     header = ("widget", "keys", "n", "median ms", "p95 ms", "max ms", "absorbed/s",
               "tick med ms", "tick p95 ms", "full GCs", "GC max ms", "peak RSS MiB")

@@ -74,7 +74,9 @@ from elastic_agent.coordination.protocol import CommandType, Event, LogBatch
 from elastic_agent.coordination.text import sanitize
 
 from .client import Ack, ConnectionChange, JobClient
+from .dedupe import UniqueLogs
 from .gc_policy import GcPolicy
+from .home import JobsScreen
 from .input_gate import InputGate
 from .messages import (
     AckArrived,
@@ -87,6 +89,7 @@ from .messages import (
     ReaderFailed,
     WriteAccess,
 )
+from .save import save_log_view
 from .state import (
     DEFAULT_ALL_SCROLLBACK,
     DEFAULT_SCROLLBACK,
@@ -103,6 +106,7 @@ from .widgets.log_panel import FilterBar, LogTitle
 from .widgets.log_view import LogView
 from .widgets.rank_table import RankTable
 from .widgets.sparklines import ResourcePanel
+from .widgets.stacks import StacksScreen
 from .widgets.timeline import Timeline
 from .widgets.waiting import WaitingScreen
 
@@ -129,6 +133,10 @@ RETRY_START_S, RETRY_MAX_S = 0.5, 5.0
 REFUSED_RETRY_S = 5.0  # a refusal (NOPERM...) is retried slowly
 FILTER_DEBOUNCE_S = 0.12  # a 200k-line rescan per keystroke would lag typing
 ACK_TIMEOUT_S = 10.0
+#: Lines of the all-ranks ring taken into the collapsed rows (``u``) per slice while the
+#: toggle catches up (~10 ms each), and per refresh after that.
+UNIQUE_SLICE_LINES = 4_096
+UNIQUE_TICK_LINES = 20_000
 
 #: (section, keys shown, description, action or None): the help screen's table; the
 #: bindings below carry the same keys.
@@ -136,12 +144,17 @@ KEY_HELP: tuple[tuple[str, str, str, str | None], ...] = (
     ("Job", "r", "restart the worker group (confirm; shows the acks)", "restart"),
     ("Job", "s", "stop the job on every node (confirm; shows the acks)", "stop"),
     ("Job", "K", "send SIGTERM to the selected rank (confirm)", "kill_rank"),
+    ("Job", "d", "every rank's Python stacks, identical ones grouped, odd ones first "
+     "(read-only: no confirm, allowed with --read-only)", None),
     ("Job", "q", "detach (the job keeps running)", None),
     ("Logs", "/", "filter lines by regex (smart case); enter keeps it, esc clears it", None),
     ("Logs", "a", "all ranks interleaved / the selected rank only", None),
+    ("Logs", "u", "a line many ranks printed, once: ×N ranks [0-511] (all ranks view)", None),
     ("Logs", "e", "stderr only", None),
     ("Logs", "w", "wrap long lines", None),
     ("Logs", "t", "timestamps", None),
+    ("Logs", "ctrl+s", "save the log view as shown (ranks, filter, stderr) to a new file "
+     "here", None),
     ("Logs", "f  end", "follow new lines (scrolling up pauses)", None),
     ("Logs", "↑↓ j k  pgup pgdn  home", "scroll (in the log view)", None),
     ("Logs", "← →", "scroll sideways when not wrapping", None),
@@ -149,9 +162,10 @@ KEY_HELP: tuple[tuple[str, str, str, str | None], ...] = (
     ("Ranks", "o  O", "sort by the next column / reverse (or click a header)", None),
     ("Ranks", "", "QUIET: time since the rank's last log line; EXIT: code or signal", None),
     ("Timeline", "↑↓ j k", "move in the timeline", None),
-    ("Timeline", "enter", "the entry in full (a failure's traceback)", None),
+    ("Timeline", "enter", "the entry in full (a failure's traceback; a stall's stacks)", None),
     ("Anywhere", "tab  shift+tab", "move between ranks, timeline and logs", None),
-    ("Anywhere", "esc", "back: close a dialog, the filter, this help", None),
+    ("Anywhere", "esc", "back: close a dialog, the filter, this help; else the list of jobs",
+     None),
     ("Anywhere", "?", "this help", None),
     ("Anywhere", "ctrl+p", "command palette: every command by name", None),
 )
@@ -177,6 +191,7 @@ class ConsoleApp(App[int]):
         Binding("question_mark", "help", "Help", id="console.help"),
         Binding("slash", "filter", "Filter", id="console.filter"),
         Binding("a", "toggle_all", "All/rank", id="console.all_ranks"),
+        Binding("u", "toggle_unique", "Unique", show=False, id="console.unique"),
         Binding("e", "toggle_stderr", "Stderr", id="console.stderr"),
         Binding("w", "toggle_wrap", "Wrap", id="console.wrap"),
         Binding("t", "toggle_timestamps", "Times", id="console.timestamps"),
@@ -191,12 +206,14 @@ class ConsoleApp(App[int]):
         Binding("s", "disabled('stop')", show=False, id="console.stop_disabled"),
         Binding("K", "kill_rank", "SIGTERM", id="console.kill"),
         Binding("K", "disabled('kill_rank')", show=False, id="console.kill_disabled"),
+        Binding("d", "stacks", "Stacks", show=False, id="console.stacks"),
+        Binding("ctrl+s", "save_log", "Save", show=False, id="console.save"),
         Binding("escape", "back", "Back", show=False, id="console.back"),
     ]
 
     def __init__(
         self,
-        job_id: str,
+        job_id: str | None,
         *,
         endpoint: Endpoint | None = None,
         client: JobClient | None = None,
@@ -211,14 +228,14 @@ class ConsoleApp(App[int]):
         freeze_gc: bool = False,
     ) -> None:
         super().__init__()
-        self.job_id = job_id
+        self.job_id = job_id or ""  # "": none yet, the home screen picks one (home.py)
         self._owns_client = client is None and endpoint is not None
         self.client: JobClient | None = client or (
             JobClient(endpoint, job_id) if endpoint is not None else None)
         ep = endpoint or (self.client.endpoint if self.client is not None else None)
         self.scrollback = scrollback
         self.all_scrollback = all_scrollback or max(DEFAULT_ALL_SCROLLBACK, scrollback)
-        self.view: JobView = view or self._new_view(job_id)
+        self.view: JobView = view or self._new_view(self.job_id)
         # Offline, the view's own record of where it came from is all there is to show.
         self.endpoint_display = sanitize(ep.display if ep is not None else
                                          self.view.endpoint or "(offline)")
@@ -229,6 +246,8 @@ class ConsoleApp(App[int]):
         self.ack_timeout = ack_timeout
         self.cursor_blink = cursor_blink
         self.all_ranks = True  # the log view shows every rank interleaved
+        self.unique_lines = False  # ...with a line many ranks printed shown once (dedupe.py)
+        self._unique: UniqueLogs | None = None
         self.selected_rank: int | None = None
         self.connect_error = ""  # before the history is read: why Redis cannot be reached
         self.reader_error = ""  # a refusal the reader keeps hitting (NOPERM...)
@@ -286,7 +305,10 @@ class ConsoleApp(App[int]):
         self.set_interval(REFRESH_S, self._tick)
         self._tick(force=True)
         if self.client is not None:
-            self._attach()
+            if self.job_id:
+                self._attach()
+            else:
+                self.open_home()
         if self._freeze_gc:
             # Startup objects (Textual's, ours) never die: keep full collections from
             # walking them again and again (bench/log_view_bench.py, "tuned").
@@ -594,6 +616,8 @@ class ConsoleApp(App[int]):
             self._drawn_version = view.version
             self.header.show(
                 view, self.endpoint_display, loaded=self.loaded, read_only=self._read_only_reason())
+            if self._unique is not None and self.log_view.source is self._unique.buffer:
+                self._unique.sync(limit=UNIQUE_TICK_LINES)
             self.log_view.on_new_lines()
             self.timeline.sync(view)
             self._refresh_blocks()
@@ -640,7 +664,7 @@ class ConsoleApp(App[int]):
     def _update_log_title(self) -> None:
         log = self.log_view
         if self.all_ranks:
-            source = "all ranks"
+            source = "all ranks, identical lines once" if self.unique_lines else "all ranks"
         elif self.selected_rank is None:
             source = "no rank selected"
         else:
@@ -648,7 +672,9 @@ class ConsoleApp(App[int]):
         self.log_title.show(
             source=source, follow=log.follow, pattern=self._filter_text,
             stderr_only=log.stderr_only, wrap=log.wrap, timestamps=log.show_timestamps,
-            lines=log.line_count, loading=not self.loaded and self.client is not None)
+            lines=log.line_count, loading=(not self.loaded and self.client is not None) or (
+                self._unique is not None and log.source is self._unique.buffer
+                and self._unique.pending > UNIQUE_TICK_LINES))
 
     def _check_selection(self) -> None:
         rank = self.rank_table.selected_rank
@@ -661,7 +687,7 @@ class ConsoleApp(App[int]):
         """Show all ranks' ring, or the selected rank's: no filtering scan either way."""
         log = self.log_view
         if self.all_ranks:
-            source = self.view.all_logs
+            source = self._unique_buffer() if self.unique_lines else self.view.all_logs
         else:
             source = (self.view.buffer_for(self.selected_rank)
                       if self.selected_rank is not None else None)
@@ -670,6 +696,28 @@ class ConsoleApp(App[int]):
             log.show_rank_tags = tags
         if force or log.source is not source:
             log.source = source
+
+    def _unique_buffer(self) -> Any:
+        """The rows of the all-ranks ring with identical lines collapsed, caught up now (it
+        exists only while the toggle is on: nothing is spent on it otherwise)."""
+        unique = self._unique
+        if unique is None or unique.source is not self.view.all_logs:
+            unique = self._unique = UniqueLogs(self.view.all_logs)
+        unique.sync(limit=UNIQUE_SLICE_LINES)
+        if unique.pending:
+            self._catch_up_unique(unique)
+        return unique.buffer
+
+    @work(exclusive=True, group="unique", exit_on_error=False)
+    async def _catch_up_unique(self, unique: UniqueLogs) -> None:
+        # A full ring is ~0.5 s of work on these machines: in slices, keys first between them.
+        while unique is self._unique and unique.pending:
+            await asyncio.sleep(0.003)
+            await self.input_gate.pause()
+            unique.sync(limit=UNIQUE_SLICE_LINES)
+            if self.log_view.source is unique.buffer:
+                self.log_view.on_new_lines()
+                self._update_log_title()
 
     def on_rank_table_rank_highlighted(self, message: RankTable.RankHighlighted) -> None:
         self._check_selection()
@@ -787,6 +835,16 @@ class ConsoleApp(App[int]):
         self._point_log()
         self._update_log_title()
 
+    def action_toggle_unique(self) -> None:
+        self.unique_lines = not self.unique_lines
+        if not self.unique_lines:
+            self._unique = None
+        if not self.all_ranks:
+            self.notify("identical lines are collapsed in the all-ranks view (a)" if
+                        self.unique_lines else "identical lines: shown one by one", markup=False)
+        self._point_log()
+        self._update_log_title()
+
     def action_toggle_stderr(self) -> None:
         self.log_view.stderr_only = not self.log_view.stderr_only
         self._update_log_title()
@@ -798,6 +856,9 @@ class ConsoleApp(App[int]):
     def action_toggle_timestamps(self) -> None:
         self.log_view.show_timestamps = not self.log_view.show_timestamps
         self._update_log_title()
+
+    def action_save_log(self) -> None:
+        self.run_worker(save_log_view(self), group="save", exit_on_error=False)
 
     def action_follow(self) -> None:
         self.log_view.scroll_to_end()
@@ -843,6 +904,26 @@ class ConsoleApp(App[int]):
         bar = self.filter_bar
         if bar.display or self._filter_text:
             self._close_filter(clear=True)
+        elif self.client is not None:
+            self.open_home()
+
+    # -- the home screen: the job list (home.py) -----------------------------------------------
+    def open_home(self) -> None:
+        """Show the jobs on the server (k9s's resource list); the job attached to, if any,
+        keeps being read behind it, so coming back to it costs nothing."""
+        if self.screen is not self.main_screen or self.client is None:
+            return  # from the job only (a waiting screen lists the jobs itself)
+        self.push_screen(JobsScreen(self.client.endpoint, self.endpoint_display,
+                                    current=self.job_id or None), self._home_chosen)
+
+    def _home_chosen(self, job_id: str | None) -> None:
+        if not job_id or job_id == self.job_id:
+            return
+        self.loaded = self.client is None
+        self.write_denied = self.reader_error = self.connect_error = ""
+        self._unique = None
+        self._switch_job(job_id)
+        self._attach()
 
     # -- other actions -------------------------------------------------------------------------
     def action_sort(self, reverse: bool = False) -> None:
@@ -850,6 +931,29 @@ class ConsoleApp(App[int]):
 
     def _show_sort(self, description: str) -> None:
         self.rank_table.border_title = f"Ranks · {description}"
+
+    def action_stacks(self) -> None:
+        """Every rank's stacks (issue 13). The request changes nothing in the job: no confirm,
+        and ``--read-only`` allows it; a Redis user who may not write the command stream
+        cannot send it, and without a running agent nobody would answer."""
+        view = self.view
+        why = self.write_denied
+        if not why and not self.loaded:
+            why = "the job's state is still being read"
+        elif not why and view.state in FINAL_STATES:
+            why = f"job {self.job_id} has already {view.state}: no worker to ask"
+        elif not why and not view.active_nodes():
+            why = f"no agent of job {self.job_id} is running to answer"
+        if why:
+            self._explain(why)
+            return
+        self.open_stacks()
+
+    def open_stacks(self, request_id: str | None = None, rank: int | None = None) -> None:
+        """The stacks screen: ask every rank (or ``rank``), or with ``request_id`` show a
+        capture that exists already (a stall's, the evidence of a stop) without asking."""
+        ep = self.client.endpoint if self.client is not None else None
+        self.push_screen(StacksScreen(ep, self.job_id, request_id=request_id, rank=rank))
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen(self.key_help()))
@@ -864,7 +968,11 @@ class ConsoleApp(App[int]):
         event.stop()
         entries = self.timeline.entries
         if 0 <= event.option_index < len(entries):
-            self.push_screen(DetailScreen(entries[event.option_index], utc=self.utc))
+            entry = entries[event.option_index]
+            if entry.kind == "stalled" and entry.ref and self.client is not None:
+                self.open_stacks(request_id=entry.ref)  # the stacks the stall captured
+                return
+            self.push_screen(DetailScreen(entry, utc=self.utc))
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
@@ -874,8 +982,11 @@ class ConsoleApp(App[int]):
             ("Stop the job", "s: every worker on every node (confirm)", self.action_stop),
             ("SIGTERM the selected rank", "K: to the rank under the cursor (confirm)",
              self.action_kill_rank),
+            ("Python stacks of every rank", "d: grouped, odd ones first (read-only)",
+             self.action_stacks),
             ("Filter the logs", "/: by regular expression", self.action_filter),
             ("Logs: all ranks / selected rank", "a", self.action_toggle_all),
+            ("Logs: identical lines of many ranks once", "u", self.action_toggle_unique),
             ("Logs: stderr only", "e", self.action_toggle_stderr),
             ("Logs: wrap long lines", "w", self.action_toggle_wrap),
             ("Logs: timestamps", "t", self.action_toggle_timestamps),
@@ -921,7 +1032,7 @@ def _summary(m: CommandFinished) -> tuple[str, bool]:
     return f"{m.kind} command {m.command_id} accepted by {n}/{n} agent{'' if n == 1 else 's'}", True
 
 
-def run_app(endpoint: Endpoint, job_id: str, read_only: bool = False,
+def run_app(endpoint: Endpoint, job_id: str | None, read_only: bool = False,
             scrollback: int = DEFAULT_SCROLLBACK) -> int:
     """Run the console until the user detaches; the exit status (0)."""
     app = ConsoleApp(job_id, endpoint=endpoint, read_only=read_only, scrollback=scrollback,

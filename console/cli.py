@@ -2,11 +2,14 @@
 
     elastic-console ls
     elastic-console status JOB [--json]
-    elastic-console logs JOB [--rank R] [--follow] [--tail N] [--grep RE] [--stderr]
+    elastic-console logs JOB [--rank R] [--follow] [--tail N] [--grep RE] [--stderr] [--dedupe]
     elastic-console events JOB [--follow] [--json]
     elastic-console restart JOB [--yes] [--timeout S]
     elastic-console stop JOB [--yes] [--timeout S]
-    elastic-console attach JOB [--read-only] [--scrollback N]
+    elastic-console stacks JOB [--rank R] [--json] [--timeout S]
+    elastic-console attach [JOB] [--read-only] [--scrollback N]   (no JOB: the list of jobs)
+    elastic-console serve [JOB] [--host H] [--port N] [--allow-commands]   (a web browser)
+    elastic-console rm JOB [--force] [--timeout S]
 
 ``--redis URL`` (before or after the subcommand) names the server; default
 ``$ELASTIC_REDIS_URL``, else ``redis://127.0.0.1:6379``. Its password is best given in
@@ -61,6 +64,7 @@ from elastic_agent.coordination.protocol import (
 from elastic_agent.coordination.text import sanitize, strip_sgr, terminal_line
 
 from .client import Ack, JobClient
+from .dedupe import Collapser, Group
 from .formatting import fmt_age, fmt_bytes
 from .state import (
     DEFAULT_ALL_SCROLLBACK,
@@ -119,7 +123,8 @@ def _positive_float(value: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     """The command line. ``--redis`` is accepted before and after the subcommand."""
     redis_help = (f"Redis server: host, host:port, redis://[user:password@]host:port/db, "
-                  f"rediss://, unix:// or redis+sentinel://h1:26379,h2:26379/SERVICE "
+                  f"rediss://, unix://, redis+sentinel://h1:26379,h2:26379/SERVICE "
+                  f"or any node of a Redis Cluster (found out, or redis+cluster://) "
                   f"(default ${ENV_URL}, else {DEFAULT_URL}); a password is best given in "
                   f"${PASSWORD_ENV}")
     password_help = (f"file holding the Redis password, used when the URL has none (default "
@@ -132,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Watch and steer elastic PyTorch jobs through Redis.")
     p.add_argument("--redis", metavar="URL", default=None, help=redis_help)
     p.add_argument("--redis-password-file", metavar="PATH", default=None, help=password_help)
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # No subcommand: the home screen, the list of jobs (as `attach` without a job).
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=False)
 
     ls = sub.add_parser("ls", parents=[common], help="list the jobs on the server")
     ls.add_argument("--json", action="store_true", help="one JSON array")
@@ -150,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--grep", metavar="RE", default=None,
                     help="only lines matching this regular expression (colours ignored)")
     lg.add_argument("--stderr", action="store_true", help="only the workers' stderr")
+    lg.add_argument("--dedupe", action="store_true",
+                    help="a line many ranks printed (within 10 s), once: '×N ranks [0-511] "
+                    f"text'; with --follow printed {DEDUPE_HOLD_S:g} s after its first copy")
 
     ev = sub.add_parser("events", parents=[common], help="the job's event stream")
     ev.add_argument("job", metavar="JOB")
@@ -164,12 +173,42 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--timeout", type=_positive_float, default=15.0, metavar="S",
                        help="seconds to wait for the agents' acks (default 15)")
 
+    sk = sub.add_parser("stacks", parents=[common],
+                        help="every rank's Python stacks, identical ones grouped, odd ones first")
+    sk.add_argument("job", metavar="JOB")
+    sk.add_argument("--rank", type=_nonneg_int, default=None, help="only this global rank")
+    sk.add_argument("--json", action="store_true", help="one JSON object")
+    sk.add_argument("--timeout", type=_positive_float, default=10.0, metavar="S",
+                    help="seconds to wait for every rank's answer (default 10)")
+
+    rm = sub.add_parser("rm", parents=[common],
+                        help="remove a finished or lost job's records from Redis now")
+    rm.add_argument("job", metavar="JOB")
+    rm.add_argument("--force", action="store_true",
+                    help="a running job too: stop it first (every worker on every node)")
+    rm.add_argument("--timeout", type=_positive_float, default=30.0, metavar="S",
+                    help="with --force: seconds to wait for the agents to stop (default 30)")
+
     at = sub.add_parser("attach", parents=[common], help="the live terminal console")
-    at.add_argument("job", metavar="JOB")
+    at.add_argument("job", metavar="JOB", nargs="?", default=None,
+                    help="the job; without it the console opens on the list of jobs")
     at.add_argument("--read-only", action="store_true", help="never send commands")
     at.add_argument("--scrollback", type=_positive_int, default=DEFAULT_SCROLLBACK, metavar="N",
                     help=f"log lines kept per rank (default {DEFAULT_SCROLLBACK}); all ranks "
                          f"interleaved keep max(N, {DEFAULT_ALL_SCROLLBACK})")
+
+    sv = sub.add_parser("serve", parents=[common],
+                        help="the console in a web browser (read-only unless --allow-commands)")
+    sv.add_argument("job", metavar="JOB", nargs="?", default=None,
+                    help="the job; without it the browser opens on the list of jobs")
+    sv.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on (default 127.0.0.1: this machine only)")
+    sv.add_argument("--port", type=_nonneg_int, default=8765,
+                    help="TCP port (default 8765; 0 picks a free one)")
+    sv.add_argument("--allow-commands", action="store_true",
+                    help="let the browser restart, stop and signal (default: read-only)")
+    sv.add_argument("--scrollback", type=_positive_int, default=DEFAULT_SCROLLBACK, metavar="N",
+                    help=f"log lines kept per rank (default {DEFAULT_SCROLLBACK})")
     return p
 
 
@@ -221,11 +260,17 @@ def _job(args: argparse.Namespace) -> str:
 
 def _dispatch(args: argparse.Namespace) -> int:
     ep = _endpoint(args)
-    if args.command == "attach":
+    if args.command in (None, "attach"):
         return _attach(ep, args)
+    if args.command == "serve":
+        from .serve import serve  # aiohttp and textual-serve only for this subcommand
+
+        return serve(ep, None if args.job is None else _job(args), host=args.host,
+                     port=args.port, allow_commands=args.allow_commands,
+                     scrollback=args.scrollback)
     commands: dict[str, Callable[[Endpoint, argparse.Namespace], Coroutine[Any, Any, int]]] = {
         "ls": _ls, "status": _status, "logs": _logs, "events": _events,
-        "restart": _command, "stop": _command,
+        "restart": _command, "stop": _command, "stacks": _stacks, "rm": _rm,
     }
     return _run(commands[args.command](ep, args))
 
@@ -317,10 +362,12 @@ async def _ls(ep: Endpoint, args: argparse.Namespace) -> int:
     if not jobs:
         print(f"no jobs on {ep.display}", file=sys.stderr)
         return EXIT_OK
-    _table(["JOB", "STATE", "NODES", "WORLD", "RESTARTS", "AGE"],
+    _table(["JOB", "STATE", "NODES", "WORLD", "RESTARTS", "AGE", "EXPIRES"],
            ([j.job_id, j.state if j.lost_for_s is None else f"lost {fmt_age(j.lost_for_s)} ago",
              str(j.nodes), _q(j.world_size),
-             f"{j.restarts_used}/{_q(j.max_restarts)}", fmt_age(j.age_s)] for j in jobs))
+             f"{j.restarts_used}/{_q(j.max_restarts)}", fmt_age(j.age_s),
+             "-" if j.expires_in_s is None else f"in {fmt_age(j.expires_in_s)}"]
+            for j in jobs))
     return EXIT_OK
 
 
@@ -352,6 +399,10 @@ async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
     finally:
         await client.close()
     ranks = [view.ranks[r] for r in sorted(view.ranks)]
+    # A running job's keys carry a lease that its agents renew: only an ended (or lost) job
+    # really expires.
+    expires = (view.expires_in_ms / 1000 if view.expires_in_ms is not None and (
+        view.is_final or view.state == "lost") else None)
     if args.json:
         _out(json.dumps({
             "job": job, "redis": ep.display, "state": view.state, "round": view.round,
@@ -363,6 +414,7 @@ async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
                       for n, i in view.nodes.items()},
             "ranks": [_rank_json(r) for r in ranks],
             "root_cause": view.root_cause,
+            "expires_in_s": expires,
         }, default=str))
         return EXIT_OK
     rnd = f" (round {view.round})" if view.round is not None else ""
@@ -381,6 +433,9 @@ async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
         _out(f"          {info.host} ({node_id}): {info.status}{gr}")
     _out(f"world     {_q(view.world_size)} ranks")
     _out(f"restarts  {view.restarts_used}/{_q(view.max_restarts)} used")
+    if expires is not None:
+        _out(f"expires   in {fmt_age(expires)}: then Redis drops the job's records "
+             f"({PROG} rm removes them now)")
     if view.root_cause:
         c = view.root_cause
         _out(f"root cause: rank {_q(c.get('rank'))} on {c.get('host', '?')}: "
@@ -401,6 +456,11 @@ async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
 
 
 # -- logs ---------------------------------------------------------------------------------
+
+#: logs -f --dedupe: how long the first copy of a line waits for the other ranks' copies.
+#: A stream cannot redraw a printed line, so its count is final when printed.
+DEDUPE_HOLD_S = 1.0
+DEDUPE_PENDING_LIMIT = 10_000  # rows waiting to be printed; past it the oldest go at once
 
 class _LogPrinter:
     """Filters, dedupes and prints log batches as ``[rank R] text`` lines.
@@ -425,6 +485,9 @@ class _LogPrinter:
             raise CliError(f"bad --grep pattern {args.grep!r}: {exc}", EXIT_USAGE) from None
         self._status: tuple[tuple[str, int, str, int], str] | None = None  # stream, line
         self._shown = False  # the status line is on the terminal's last row
+        self.collapse: Collapser | None = Collapser() if getattr(args, "dedupe", False) else None
+        self._pending: dict[int, Group] = {}  # --dedupe --follow: rows not printed yet
+        self._handles = 0
 
     def _wanted(self, batch: LogBatch) -> bool:
         return not ((self.rank is not None and batch.rank != self.rank) or (
@@ -439,6 +502,8 @@ class _LogPrinter:
         that a later batch of its stream replaced is left out, and so is a still unfinished
         line when following (the newest one becomes the status line on a terminal)."""
         kept = [b for b in batches if self._wanted(b)]  # forward: the deduper needs the order
+        if self.collapse is not None:
+            return self._collapsed_history(kept, n, follow)
         out: list[str] = []
         later: set[tuple[str, int, str, int]] = set()  # streams with a newer batch
         for b in reversed(kept):
@@ -471,7 +536,11 @@ class _LogPrinter:
         if rec.live:
             lines, live = lines[:-1], lines[-1]
         prefix = f"[rank {rec.rank}] "
-        done = [prefix + raw for raw in lines if self._match(raw)]
+        if self.collapse is not None:
+            self._collect(rec, [raw for raw in lines if self._match(raw)])
+            done = self.due()
+        else:
+            done = [prefix + raw for raw in lines if self._match(raw)]
         if not self.tty:
             return done
         key = (rec.node, rec.rank, rec.stream, rec.attempt)
@@ -481,6 +550,69 @@ class _LogPrinter:
             self._status = (key, prefix + live)
         self.redraw(done)
         return []
+
+    # -- --dedupe ---------------------------------------------------------------------------
+    def _collapsed_history(self, kept: list[LogBatch], n: int, follow: bool) -> list[str]:
+        """The last ``n`` rows of ``kept`` with identical lines of many ranks collapsed
+        (:mod:`elastic_console.dedupe`), each line in its latest state as above."""
+        assert self.collapse is not None
+        last = {(b.node, b.rank, b.stream, b.attempt): i for i, b in enumerate(kept)}
+        rows: list[Group] = []
+        for i, b in enumerate(kept):
+            lines = b.lines
+            if b.live and (follow or last[(b.node, b.rank, b.stream, b.attempt)] != i):
+                lines = lines[:-1]  # a frame a later batch replaced, or the status line
+            for raw in lines:
+                if not self._match(raw):
+                    continue
+                row, g = self.collapse.add(b.server_ms, b.rank, b.stream, raw, len(rows))
+                if g is None:
+                    rows.append(Group(b.server_ms, b.rank, b.stream, raw, row))
+                else:
+                    rows[row] = g
+        self.collapse = Collapser()  # what follows is printed as it comes: a fresh start
+        return [_collapsed_row(g) for g in rows[max(0, len(rows) - n):]]
+
+    def _collect(self, rec: LogBatch, lines: list[str]) -> None:
+        assert self.collapse is not None
+        now = time.monotonic()
+        for raw in lines:
+            row, g = self.collapse.add(rec.server_ms, rec.rank, rec.stream, raw, self._handles)
+            if g is None:
+                g = Group(rec.server_ms, rec.rank, rec.stream, raw, row)
+                g.stamp = now
+                self._handles += 1
+            elif row in self._pending:
+                g.stamp = self._pending[row].stamp
+            self._pending[row] = g  # (a row keeps its place: order of first appearance)
+        if len(self._pending) > DEDUPE_PENDING_LIMIT:
+            for g in list(self._pending.values())[:len(self._pending) - DEDUPE_PENDING_LIMIT]:
+                g.stamp = 0.0  # due now
+
+    def due(self, everything: bool = False) -> list[str]:
+        """--dedupe --follow: the rows whose first copy came ``DEDUPE_HOLD_S`` ago (or all),
+        oldest first; they are final (a printed row takes no more ranks)."""
+        if self.collapse is None or not self._pending:
+            return []
+        cutoff = time.monotonic() - DEDUPE_HOLD_S
+        out = []
+        for row, g in list(self._pending.items()):
+            if not everything and g.stamp > cutoff:
+                break
+            del self._pending[row]
+            self.collapse.close(g.stream, g.text, row)
+            out.append(_collapsed_row(g))
+        return out
+
+    def print_due(self, everything: bool = False) -> None:
+        done = self.due(everything)
+        if not done:
+            return
+        if self.tty:
+            self.redraw(done)
+        else:
+            _write(done)
+            sys.stdout.flush()
 
     def redraw(self, done: Iterable[str] = ()) -> None:
         """On a terminal: erase the status line, print ``done``, draw the status line again
@@ -501,6 +633,11 @@ class _LogPrinter:
             self._shown = False
             sys.stdout.write("\n")
             sys.stdout.flush()
+
+
+def _collapsed_row(g: Group) -> str:
+    """``[rank 3] text``, or ``×512 ranks [0-511] text`` for a line many ranks printed."""
+    return f"[rank {g.rank}] {g.text}" if len(g.ranks) == 1 else f"{g.label()} {g.text}"
 
 
 def _fit(text: str, width: int) -> str:
@@ -529,11 +666,24 @@ async def _logs(ep: Endpoint, args: argparse.Namespace) -> int:
         sys.stdout.flush()
         if args.follow:
             printer.redraw()  # an unfinished line of the history, if any
-            await _follow(client, ep, logs=True, render=printer.follow)
+            ticker = asyncio.create_task(_print_due(printer)) if args.dedupe else None
+            try:
+                await _follow(client, ep, logs=True, render=printer.follow)
+            finally:
+                if ticker is not None:
+                    ticker.cancel()
+                printer.print_due(everything=True)
     finally:
         printer.close()
         await client.close()
     return EXIT_OK
+
+
+async def _print_due(printer: _LogPrinter) -> None:
+    # A timer, not an event: a held row is due when time passes, whether lines come or not.
+    while True:
+        await asyncio.sleep(DEDUPE_HOLD_S / 4)
+        printer.print_due()
 
 
 # -- events -------------------------------------------------------------------------------
@@ -633,6 +783,83 @@ async def _command(ep: Endpoint, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- stacks -------------------------------------------------------------------------------
+
+async def _stacks(ep: Endpoint, args: argparse.Namespace) -> int:
+    """Ask every agent of the job for its ranks' Python stacks (read-only: no confirmation)."""
+    import redis
+
+    from .stack_view import fetch_stacks, job_round, result_json, result_lines
+
+    job = _job(args)
+    client = await _open(ep, job)
+    try:
+        final = (await client.meta()).get("final_state")
+        if final:
+            raise CliError(f"job '{job}' has already {sanitize(final)}: no worker to ask")
+        info = await job_round(ep, job)
+    except (redis.RedisError, OSError) as exc:
+        raise CliError(f"cannot read job '{job}': {sanitize(str(exc))}") from None
+    finally:
+        await client.close()
+    if info is None or not info.total_workers:
+        raise CliError(f"job '{job}' has no running workers (no rendezvous round completed)")
+    if args.rank is not None and args.rank >= info.total_workers:
+        raise CliError(f"rank {args.rank} is not in job '{job}' (world size "
+                       f"{info.total_workers})", EXIT_USAGE)
+    try:
+        result = await fetch_stacks(ep, job, rank=args.rank, timeout=args.timeout)
+    except (redis.RedisError, OSError) as exc:
+        raise CliError(f"cannot ask job '{job}' for stacks on {ep.display}: "
+                       f"{sanitize(str(exc))}") from None
+    if args.json:
+        _out(json.dumps(result_json(result, job)))
+    else:
+        _write(result_lines(result, job))
+    if not any(s.threads for s in result.stacks):
+        return _fail(f"no rank of job '{job}' answered with stacks", EXIT_RUNTIME)
+    return EXIT_OK
+
+
+# -- rm -----------------------------------------------------------------------------------
+
+async def _rm(ep: Endpoint, args: argparse.Namespace) -> int:
+    """Remove a job's records now. A finished or lost job goes at once; a running one only
+    with --force, once a stop command has stopped every agent (they would write the job
+    back otherwise), within --timeout."""
+    job = _job(args)
+    client = await _open(ep, job)
+    try:
+        view = await _load_view(client, resources=False)
+        running = not view.is_final and view.state != "lost"
+        if running:
+            expected = view.active_nodes()
+            if not args.force:
+                raise CliError(f"job '{job}' is {view.state} ({len(expected)} agent"
+                               f"{'' if len(expected) == 1 else 's'}): stop it first, or "
+                               f"'{PROG} rm --force {job}' stops and removes it")
+            ok, why = await client.can_write()
+            if not ok:
+                raise CliError(why)
+            cid = await client.send_command(CommandType.STOP)
+            _out(f"stop command {cid} sent to job {job}; waiting up to {args.timeout:g} s for "
+                 "its agents to stop")
+            sys.stdout.flush()
+            deadline = time.monotonic() + args.timeout
+            while await client.live_agents():
+                if time.monotonic() >= deadline:
+                    raise CliError(f"the agents of job '{job}' did not stop within "
+                                   f"{args.timeout:g} s; nothing was removed (see "
+                                   f"{PROG} status {job})")
+                # An agent's heartbeat is a score in a sorted set: nothing signals it leaving.
+                await asyncio.sleep(0.2)
+        n = await client.remove()
+    finally:
+        await client.close()
+    _out(f"removed job {job} ({n} key{'' if n == 1 else 's'})")
+    return EXIT_OK
+
+
 # -- attach -------------------------------------------------------------------------------
 
 def _attach(ep: Endpoint, args: argparse.Namespace) -> int:
@@ -644,7 +871,7 @@ def _attach(ep: Endpoint, args: argparse.Namespace) -> int:
     knows). An unreachable Redis is, at start: one line now beats a banner on a blank screen.
     Without a terminal there is nothing to show: status 2 (scripts use status/logs/events).
     """
-    job = _job(args)
+    job = None if getattr(args, "job", None) is None else _job(args)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise CliError("attach needs a terminal (stdin and stdout are not both a tty); "
                        f"scripts can use {PROG} status, logs and events", EXIT_USAGE)
@@ -656,13 +883,15 @@ def _attach(ep: Endpoint, args: argparse.Namespace) -> int:
     async def check() -> int:
         client = JobClient(ep, job)
         try:
-            await client.job_exists()  # raises RedisUnavailableError with one sentence
+            # Either raises RedisUnavailableError with one sentence.
+            await (client.job_exists() if job is not None else client.list_jobs())
         finally:
             await client.close()
         return EXIT_OK
 
     _run(check())
-    code = run_app(endpoint=ep, job_id=job, read_only=args.read_only, scrollback=args.scrollback)
+    code = run_app(endpoint=ep, job_id=job, read_only=getattr(args, "read_only", False),
+                   scrollback=getattr(args, "scrollback", DEFAULT_SCROLLBACK))
     return code if isinstance(code, int) else EXIT_OK
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from textual.message import Message
 
 from .client import Ack, JobSummary
+from .stack_view import StacksResult
 
 __all__ = [
     "AckArrived",
@@ -25,6 +26,8 @@ __all__ = [
     "JobMissing",
     "JobsListed",
     "ReaderFailed",
+    "StacksFetched",
+    "StacksProgress",
     "WriteAccess",
 ]
 
@@ -133,4 +136,25 @@ class CommandFinished(Message):
         self.acks = acks
         self.missing = missing
         self.timeout = timeout
+        self.error = error
+
+
+class StacksProgress(Message):
+    """Stack replies so far: ``answered`` of ``expected`` ranks (the stacks screen's worker)."""
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, StacksProgress)
+
+    def __init__(self, answered: int, expected: int) -> None:
+        super().__init__()
+        self.answered = answered
+        self.expected = expected
+
+
+class StacksFetched(Message):
+    """Every rank answered or the wait ended: the grouped stacks, or ``error`` (one line)."""
+
+    def __init__(self, result: StacksResult | None, error: str = "") -> None:
+        super().__init__()
+        self.result = result
         self.error = error

@@ -37,6 +37,9 @@ event                       effect
 ``command_ack``             recorded for :meth:`JobView.acks_for` (one per node per command)
 ``logs_dropped``            ``lines_dropped`` += count
 ``worker_timer_expired``    timeline entry (rank, scope, what the watchdog did; detail: deadline)
+``stalled``                 timeline entry (``ref``: the stacks capture); the odd ranks ->
+                            ``stalled``, the other ranks captured -> ``waiting`` (for them),
+                            each until its next log line
 ==========================  ================================================================
 
 The meta hash gives ``min_nodes``, ``max_nodes``, ``max_restarts``, ``created_ms`` and, for
@@ -83,6 +86,7 @@ from typing import Any, NamedTuple
 from elastic_agent.coordination.protocol import Event, EventType, LogBatch
 from elastic_agent.coordination.text import sanitize
 
+from .dedupe import format_ranks
 from .inplace import InPlaceRows
 from .logbuffer import LogBuffer, LogLine
 
@@ -102,6 +106,8 @@ FINAL_STATES = frozenset({FAILED, SUCCEEDED, STOPPED})
 
 #: Rank states (plus RUNNING, RESTARTING, FAILED, STOPPED above).
 EXITED = "exited"
+#: A stall (``stalled`` event): the odd ranks, and the ranks waiting for them.
+STALLED, WAITS = "stalled", "waiting"
 
 #: Node states.
 JOINED, LOST, LEFT = "joined", "lost", "left"
@@ -152,6 +158,7 @@ class TimelineEntry(NamedTuple):
     kind: str  # rendezvous | node | failure | group_failed | restart | ack | job | logs
     text: str
     detail: str = ""
+    ref: str = ""  # a ``stalled`` entry: the id of its stacks capture (enter shows it)
 
 
 @dataclass(frozen=True)
@@ -252,7 +259,11 @@ class JobView:
         #: Server ms by which the job's embedded Redis (--standalone) stops, as its agent
         #: announced after the job ended (``redis_stopping``); None when none was announced.
         self.redis_stops_ms: int | None = None
+        #: Milliseconds until Redis drops the job's records, as of the last meta read (None:
+        #: no expiry; a running job's is a lease its agents renew, not shown).
+        self.expires_in_ms: int | None = None
         self.last_event_ms: int = 0
+        self._stalled_ms = 0  # server ms of the newest ``stalled`` event
         # -- ranks, timeline, logs
         self.ranks: dict[int, RankState] = {}
         self.timeline: deque[TimelineEntry] = deque(maxlen=timeline_limit)
@@ -419,6 +430,8 @@ class JobView:
         final = m.get("final_state")
         if final in FINAL_STATES and not self.is_final:
             self.state = final
+        # The client adds the hash's TTL (see JobClient.meta): the job's records expire then.
+        self.expires_in_ms = _int(m.get("expires_in_ms"), None)
         self.version += 1
 
     def apply_events(self, events: Iterable[Event]) -> None:
@@ -488,6 +501,8 @@ class JobView:
             rs.host = self._host_of(rs.node)
         if rs is not None and ms > rs.last_line_ms:
             rs.last_line_ms = ms
+            if rs.state in (STALLED, WAITS) and ms > self._stalled_ms:
+                rs.state = RUNNING  # it printed again: it is not stalled any more
         self.version += 1
 
     def apply_resources(self, samples: Mapping[Any, Any]) -> None:
@@ -546,9 +561,9 @@ class JobView:
             seen.discard(order.popleft())
         return False
 
-    def _note(self, ev: Event, kind: str, text: str, detail: Any = "") -> None:
+    def _note(self, ev: Event, kind: str, text: str, detail: Any = "", ref: str = "") -> None:
         self.timeline.append(TimelineEntry(ev.server_ms, kind, sanitize(text),
-                                           _detail(detail)))
+                                           _detail(detail), sanitize(ref)))
         self.timeline_total += 1
 
     def _node(self, node_id: str, host: Any = None) -> NodeInfo:
@@ -680,6 +695,43 @@ class JobView:
                    f"scope: {scope}\ndeadline: {_q(deadline)} (the worker's time.time())\n"
                    f"pid: {_q(_int(d.get('pid'), None))}")
 
+    def _on_stalled(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        groups = [g for g in (d.get("groups") or [])[:50] if isinstance(g, dict)]
+        odd = {r for r in (d.get("odd_ranks") or []) if type(r) is int}
+        captured = {r for g in groups for r in (g.get("ranks") or []) if type(r) is int}
+        self._stalled_ms = max(self._stalled_ms, ev.server_ms)
+        for rank in captured | odd:
+            rs = self.ranks.get(rank)
+            if rs is not None and rs.state in (RUNNING, STALLED, WAITS):
+                rs.state = STALLED if rank in odd or not odd else WAITS
+        idle = _float(d.get("idle_s"), None)
+        text = f"job stalled: no rank made progress for {_q(idle)} s; "
+        if odd:
+            hosts = [sanitize(str(h)) for h in (d.get("odd_hosts") or [])[:4]]
+            text += f"odd rank{'s' if len(odd) > 1 else ''} {format_ranks(odd)}"
+            text += f" on {', '.join(hosts)}" if hosts else ""
+            first = next((g for g in groups if set(g.get("ranks") or []) <= odd), None)
+            if first and first.get("summary"):
+                text += f" ({str(first['summary'])[:200]})"
+        else:
+            text += f"no rank stands out ({len(groups)} group{'' if len(groups) == 1 else 's'}"
+            text += " of stacks)"
+        policy = d.get("policy")
+        if policy in ("restart", "stop"):
+            text += f"; --on-stall {policy}"
+        lines = []
+        for g in groups[:20]:
+            ranks = [r for r in (g.get("ranks") or []) if type(r) is int]
+            hosts = ", ".join(str(h) for h in (g.get("hosts") or [])[:4])
+            lines.append(f"{len(ranks)} rank{'' if len(ranks) == 1 else 's'} "
+                         f"[{format_ranks(ranks)}] on {hosts}: {g.get('summary', '?')}")
+            for f in (g.get("frames") or [])[:12]:
+                if isinstance(f, list) and len(f) == 3:
+                    lines.append(f'    File "{f[0]}", line {f[1]}, in {f[2]}')
+        request = d.get("request")
+        self._note(ev, "stalled", text, "\n".join(lines),
+                   request if isinstance(request, str) else "")
+
     def _on_workers_stopped(self, ev: Event, node: str, d: dict[str, Any]) -> None:
         for r in d.get("ranks") or []:
             rs = self.ranks.get(_int(r, -1))
@@ -768,6 +820,7 @@ class JobView:
         EventType.WORKERS_STARTED: _on_workers_started,
         EventType.WORKER_EXITED: _on_worker_exited,
         EventType.WORKER_TIMER_EXPIRED: _on_worker_timer_expired,
+        EventType.STALLED: _on_stalled,
         EventType.WORKERS_STOPPED: _on_workers_stopped,
         EventType.GROUP_FAILED: _on_group_failed,
         EventType.RESTARTING: _on_restarting,

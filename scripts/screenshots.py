@@ -8,6 +8,12 @@ injected crash on the first attempt, and the real ConsoleApp driven by Textual's
     screenshots/failure.svg     the root cause of the crash, opened from the timeline
     screenshots/confirm.svg     the confirm dialog of `r` (Cancel focused)
     screenshots/help.svg        `?`
+
+and a second real run, examples/hang.py with 8 gloo ranks on two agents, rank 3 stalled
+before its all_reduce:
+
+    screenshots/stacks.svg      `d`: every rank's stacks grouped, the odd group opened
+    screenshots/home.svg        `esc`: the home screen listing both jobs
 """
 
 from __future__ import annotations
@@ -75,6 +81,42 @@ async def shoot(url: str, job: str) -> None:
         await pilot.press("escape")
 
 
+async def shoot_hang(url: str, job: str) -> None:
+    from elastic_console.home import JobsScreen
+    from elastic_console.widgets.stacks import StacksScreen
+
+    app = ConsoleApp(job, endpoint=parse_endpoint(url), cursor_blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        view = app.view
+        await until(pilot, lambda: len(view.ranks) == 8 and view.lines_total >= 8, 180,
+                    "8 ranks in the hung collective")
+        await pilot.pause(1.0)
+        await pilot.press("d")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen), 10, "the stacks")
+        screen = app.screen
+        await until(pilot, lambda: screen.result is not None or screen.error, 60,
+                    "every rank's stacks")
+        await pilot.press("enter")  # the odd group's frames
+        await pilot.pause(0.5)
+        app.save_screenshot("stacks.svg", str(OUT))
+        await pilot.press("escape")
+        await pilot.pause(0.3)
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, JobsScreen), 10, "the job list")
+        await pilot.pause(2.5)
+        app.save_screenshot("home.svg", str(OUT))
+
+
+def hung_agents(url: str, job: str, tmp: str) -> list[subprocess.Popen]:
+    env = {**os.environ, "HANG_RANK": "3", "HANG_SECONDS": "600"}
+    return [subprocess.Popen(
+        [sys.executable, "-m", "elastic_agent.supervision.cli", "--redis", url, "--job-id", job,
+         "--nnodes", "2", "--nproc-per-node", "4", "--log-dir", tmp,
+         str(ROOT / "examples" / "hang.py")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+        for _ in range(2)]
+
+
 def main() -> int:
     OUT.mkdir(exist_ok=True)
     job = f"demo-{int(time.time()) % 100000}"
@@ -91,7 +133,15 @@ def main() -> int:
         finally:
             agent.terminate()
             agent.wait(60)
-    for name in ("overview", "filtered", "failure", "confirm", "help"):
+        hung = hung_agents(server.url, f"hang-{job}", tmp)
+        try:
+            asyncio.run(shoot_hang(server.url, f"hang-{job}"))
+        finally:
+            for a in hung:
+                a.terminate()
+            for a in hung:
+                a.wait(60)
+    for name in ("overview", "filtered", "failure", "confirm", "help", "stacks", "home"):
         print(OUT / f"{name}.svg")
     return 0
 

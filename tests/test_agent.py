@@ -97,8 +97,11 @@ def test_two_agents_train_restart_once_and_end_identical(redis_url, r, job_id, t
     assert all(d["resumed"] and d["resumed_from"] == 2 for d in dumps), dumps
     assert len(of_type(r, job_id, EventType.JOB_SUCCEEDED)) == 1
     assert alive(worker_pids(r, job_id)) == []
-    # Per-rank files: LOG_DIR/JOB/attempt_N/RANK/{stdout,stderr}.log
-    assert list((tmp_path / "logs" / job_id).glob("attempt_*/3/stdout.log"))
+    # Per-rank files, torch's layout: LOG_DIR/<JOB>_<random>/attempt_N/LOCAL_RANK/stdout.log,
+    # one run directory per agent
+    run_dirs = list((tmp_path / "logs").glob(f"{job_id}_*"))
+    assert len(run_dirs) == 2, run_dirs
+    assert all(list(d.glob("attempt_*/1/stdout.log")) for d in run_dirs), run_dirs
 
 
 def test_lost_node_the_others_reform_and_finish_without_orphans(redis_url, r, job_id, tmp_path):
@@ -142,7 +145,7 @@ def test_redis_outage_restarts_no_worker_and_loses_no_line(private_redis, job_id
     def printed_during_outage() -> list[str]:
         """Tick lines the workers wrote to their local files since Redis went away."""
         lines = []
-        for f in (tmp_path / "logs" / job_id).glob("attempt_0/*/stdout.log"):
+        for f in (tmp_path / "logs").glob(f"{job_id}_*/attempt_0/*/stdout.log"):
             whole = f.read_text(errors="replace").split("\n")[:-1]  # the last may be partial
             lines += [t for t in whole
                       if t.startswith("tick ") and float(t.split("t=")[1]) > outage_start]
@@ -233,6 +236,9 @@ def test_final_failure_prints_the_root_cause(redis_url, r, job_id, tmp_path):
     out = agent.output
     assert "sleeper.py FAILED" in out and "Root Cause" in out
     assert "rank      : 1 (local_rank: 1)" in out and "exitcode  : 3" in out
+    # as torchrun's summary: no error file written is "<N/A>", and with --max-restarts 0 the
+    # failure that found no restart left is not a restart used
+    assert "error_file: <N/A>" in out and "restarts  : 0/0 used" in out, out
     failed = of_type(r, job_id, EventType.JOB_FAILED)
     assert len(failed) == 1 and failed[0].data["root_cause"]["rank"] == 1
     assert alive(worker_pids(r, job_id)) == []

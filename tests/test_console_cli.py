@@ -77,7 +77,7 @@ def test_ls_lists_the_job(job: Job):
     p = console("--redis", job.redis_url, "ls")
     assert p.returncode == 0, p.stderr
     header, *rows = p.stdout.splitlines()
-    assert header.split() == ["JOB", "STATE", "NODES", "WORLD", "RESTARTS", "AGE"]
+    assert header.split() == ["JOB", "STATE", "NODES", "WORLD", "RESTARTS", "AGE", "EXPIRES"]
     mine = [row.split() for row in rows if row.split()[0] == job.id]
     assert mine and mine[0][1:5] == ["running", "1", "2", "0/3"]
     p = console("ls", "--json", redis_url=job.redis_url)

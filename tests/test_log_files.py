@@ -54,27 +54,39 @@ def assert_private(root: Path) -> None:
 
 # -- real agents ------------------------------------------------------------------------------
 
-def test_a_planted_stdout_symlink_leaves_the_victim_alone_and_stops_the_agent(
+def test_names_planted_in_a_shared_log_dir_are_never_used(
         redis_url: str, job_id: str, tmp_path: Path) -> None:
+    """The run directory is mkdtemp's (``<job>_<random>``, made atomically, 0700): a name
+    someone planted in a shared --log-dir beforehand (the job's own name, the old layout) is
+    neither followed nor written."""
     victim = tmp_path / "victim"
     victim.write_text(VICTIM_TEXT)
     logs = tmp_path / "logs"
     planted = logs / job_id / "attempt_0" / "0" / "stdout.log"
     planted.parent.mkdir(parents=True)
     planted.symlink_to(victim)
+    (logs / f"{job_id}_").symlink_to(victim.parent, target_is_directory=True)
     agent = Agent(agent_args(redis_url, job_id, "--nproc-per-node", "1", "--log-dir", str(logs),
                              str(EXAMPLES / "hello.py")), tmp_path, "agent")
+    assert agent.wait(60) == 0, agent.output
+    assert victim.read_text() == VICTIM_TEXT and planted.is_symlink()
+    (run_dir,) = [p for p in logs.iterdir() if not p.is_symlink() and p.name != job_id]
+    assert re.fullmatch(re.escape(job_id) + r"_\w{8}", run_dir.name), run_dir
+    assert (run_dir / "attempt_0" / "0" / "stdout.log").read_text().startswith("hello")
+    assert_private(run_dir)
+
+
+def test_a_log_dir_that_is_a_file_is_one_line(redis_url: str, job_id: str,
+                                             tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "logs"
+    not_a_dir.write_text("")
+    agent = Agent(agent_args(redis_url, job_id, "--nproc-per-node", "1", "--log-dir",
+                             str(not_a_dir), str(EXAMPLES / "hello.py")), tmp_path, "agent")
     code = agent.wait(60)
     out = agent.output
-    assert code == 1, out
-    assert victim.read_text() == VICTIM_TEXT
-    assert planted.is_symlink()
-    assert "Traceback" not in out and "hello from" not in out, out
-    errors = [line for line in out.splitlines() if "error" in line.lower()]
-    assert len(errors) == 1, out
-    (line,) = errors
-    assert line.startswith("elastic-agent: error: refusing to write worker logs: "), line
-    assert str(planted) in line and "symbolic link" in line and "--log-dir" in line, line
+    assert code == 2 and "Traceback" not in out and "hello from" not in out, out
+    (line,) = [line for line in out.splitlines() if line.strip()]
+    assert "--log-dir" in line and str(not_a_dir) in line and "cannot create" in line, line
 
 
 def test_the_log_tree_is_private(redis_url: str, job_id: str, tmp_path: Path) -> None:
@@ -82,7 +94,8 @@ def test_the_log_tree_is_private(redis_url: str, job_id: str, tmp_path: Path) ->
     agent = Agent(agent_args(redis_url, job_id, "--nproc-per-node", "2", "--log-dir", str(logs),
                              str(EXAMPLES / "hello.py")), tmp_path, "agent")
     assert agent.wait(60) == 0, agent.output
-    assert (logs / job_id / "attempt_0" / "1" / "stdout.log").read_text() == (
+    (run_dir,) = logs.glob(f"{job_id}_*")
+    assert (run_dir / "attempt_0" / "1" / "stdout.log").read_text() == (
         "hello from rank 1 of 2\n")
     assert_private(logs)
 
@@ -100,7 +113,7 @@ def test_the_default_log_dir_is_new_unpredictable_and_private(
         (announced,) = re.findall(r"^\[elastic-agent\] per-rank logs in (.+)$", agent.output,
                                   re.MULTILINE)
         job_dir = Path(announced)
-        assert job_dir.name == f"{job_id}-{i}"
+        assert job_dir.name.startswith(f"{job_id}-{i}_")
         assert (job_dir / "attempt_0" / "0" / "stdout.log").read_text().startswith("hello")
         found.append(job_dir.parent)
     assert found[0] != found[1]

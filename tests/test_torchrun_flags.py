@@ -46,9 +46,32 @@ def test_every_torchrun_flag_is_known_in_both_spellings() -> None:
     assert not missing, f"torchrun flags elastic-agent does not know: {sorted(missing)}"
 
 
-def test_flags_not_built_yet_are_refused_not_ignored(script: Path) -> None:
-    assert "is not supported by elastic-agent yet; use" in usage(
-        ["--logs-specs", "mine", str(script)])
+def test_the_pet_variables_are_torchruns() -> None:
+    from torch.distributed.run import get_args_parser
+
+    from elastic_agent.supervision.config import PET_SWITCHES, PET_VALUES
+
+    kinds = {a.dest: type(a).__name__ for a in get_args_parser()._actions}
+    assert set(PET_VALUES) == {d for d, k in kinds.items() if k == "env"}
+    assert set(PET_SWITCHES) == {d for d, k in kinds.items() if k == "check_env"}
+
+
+def test_pet_variables_give_defaults_the_command_line_wins(script: Path) -> None:
+    env = {"PET_NPROC_PER_NODE": "3", "PET_MAX_RESTARTS": "5", "PET_STANDALONE": "1",
+           "PET_ROLE": "pet"}
+    cfg = parse_args([str(script)], environ=env)
+    assert (cfg.nproc, cfg.max_restarts, cfg.standalone, cfg.role) == (3, 5, True, "pet")
+    cfg = parse_args(["--nproc-per-node", "2", "--role", "cli", str(script)], environ=env)
+    assert (cfg.nproc, cfg.role) == (2, "cli")
+    assert "PET_STANDALONE='yes': a switch is 0 or 1" in usage(
+        [str(script)], environ={"PET_STANDALONE": "yes"})
+    assert "--nproc-per-node 'many'" in usage([str(script)], environ={"PET_NPROC_PER_NODE": "many"})
+
+
+def test_an_unknown_logs_specs_is_one_line_naming_the_installed_ones(script: Path) -> None:
+    line = usage(["--logs-specs", "mine", str(script)])
+    assert "no torchrun.logs_specs entry point named 'mine'" in line, line
+    assert "(installed: default" in line, line  # torch's own DefaultLogsSpecs
 
 
 FILTER_SCRIPT = """\

@@ -153,10 +153,14 @@ async def test_worker_env_is_torchruns(tmp_path: Path, monkeypatch: pytest.Monke
             assert var in ours, var
             if var != "TORCHELASTIC_ERROR_FILE":
                 assert ours[var] == theirs[var], var
-        # torchrun's layout keyed by the global rank (unique across agents on one host)
-        assert ours["TORCHELASTIC_ERROR_FILE"].endswith(f"/attempt_2/{2 + lr}/error.json")
-        assert theirs["TORCHELASTIC_ERROR_FILE"].endswith(f"/attempt_2/{lr}/error.json")
-        assert set(ours) - set(theirs) == {"ELASTIC_REDIS_URL", "ELASTIC_JOB_ID"}
+        # torch's DefaultLogsSpecs layout below the run directory: attempt, then local rank
+        tail = f"/attempt_2/{lr}/error.json"
+        assert theirs["TORCHELASTIC_ERROR_FILE"].endswith(tail)
+        assert ours["TORCHELASTIC_ERROR_FILE"] == str(tmp_path / "ours") + tail
+        # torchrun's launcher (not the agent) sets TORCHELASTIC_SIGNALS_TO_HANDLE in its own
+        # environment, which workers inherit: tests/test_torchrun_parity.py runs both whole.
+        assert set(ours) - set(theirs) == {"ELASTIC_REDIS_URL", "ELASTIC_JOB_ID",
+                                           "TORCHELASTIC_SIGNALS_TO_HANDLE"}
         assert set(theirs) - set(ours) == set()
         assert ours["ELASTIC_REDIS_URL"] == "redis://h:1" and ours["ELASTIC_JOB_ID"] == "job-1"
 
@@ -172,7 +176,7 @@ async def test_worker_env_formats_and_omp_rule(tmp_path: Path) -> None:
     assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
     assert env["OMP_NUM_THREADS"] == "1" and env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
     assert env["EXTRA"] == "1" and env["PATH"] == "/bin"
-    assert env["TORCHELASTIC_ERROR_FILE"] == str(tmp_path / "attempt_5" / "7" / "error.json")
+    assert env["TORCHELASTIC_ERROR_FILE"] == str(tmp_path / "attempt_5" / "1" / "error.json")
     user = worker_env(spec, a, 0, {"OMP_NUM_THREADS": "4",
                                    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"})
     assert user["OMP_NUM_THREADS"] == "4" and user["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
@@ -435,7 +439,7 @@ async def test_signal_rank(tmp_path: Path) -> None:
     """, nproc=2)
     async with Group(spec) as group:
         await group.start(assignment(2, base_rank=4, world_size=6))
-        await wait_for_output(tmp_path, 5, "ready")  # directories are by global rank
+        await wait_for_output(tmp_path, 1, "ready")  # directories are by local rank
         with pytest.raises(LookupError):
             await group.signal_rank(0, "SIGTERM")
         with pytest.raises(ValueError, match="unknown signal"):

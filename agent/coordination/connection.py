@@ -28,6 +28,17 @@ get ``sentinel_password=`` (and ``sentinel_username=`` for an ACL user) in the q
 ``$ELASTIC_REDIS_URL``. What a failover loses: replication is asynchronous, so writes the old
 master acknowledged but had not yet sent to a replica; and writes a master demoted while still
 reachable acknowledged before clients moved (within about ``MASTER_CHECK_S`` of the switch).
+
+Redis Cluster: ``redis://`` / ``rediss://`` naming any node of a cluster works, as for
+``redis-cli -c``: the first client of an endpoint asks the server (``INFO cluster``, once per
+process) and, on ``cluster_enabled:1``, builds redis-py's cluster client, which reads the slot
+map from that node and follows MOVED. ``redis+cluster://`` / ``rediss+cluster://`` say so
+without asking (for an ACL user refused INFO, or a cluster down when the process starts). The
+password forms are those of ``redis://``. Every key of a job shares the hash tag ``{JOB}``, so
+a job's scripts, pipelines and multi-stream XREADs stay on one node; the job index
+(``elastic:jobs``) is in another slot and is only ever written by single-key commands (see
+docs/PROTOCOL.md). What is per node on a cluster has helpers here: :func:`scan_batches`,
+:func:`config_get_each`.
 """
 
 from __future__ import annotations
@@ -42,14 +53,16 @@ import socket
 import string
 import sys
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.cluster
 import redis.asyncio.sentinel
+import redis.cluster
 import redis.connection
 import redis.sentinel
 from redis.backoff import ExponentialBackoff, NoBackoff
@@ -59,8 +72,10 @@ DEFAULT_URL = "redis://127.0.0.1:6379"
 DEFAULT_PORT = 6379
 DEFAULT_SENTINEL_PORT = 26379
 
-_SCHEMES = ("redis://", "rediss://", "unix://")
 SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
+#: Explicitly a Redis Cluster (no probe): see "Redis Cluster" below.
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+_SCHEMES = ("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES)
 # Query keys meant for the sentinels themselves, not for the master's connections.
 _SENTINEL_AUTH_KEYS = ("sentinel_username", "sentinel_password")
 
@@ -128,7 +143,8 @@ def parse_endpoint(value: str | None) -> Endpoint:
             "the scheme")
         raise EndpointError(
             f"invalid Redis endpoint {shown!r}: {named} is not one of redis://, rediss://, "
-            f"unix://, redis+sentinel://, rediss+sentinel://"
+            f"unix://, redis+sentinel://, rediss+sentinel://, redis+cluster://, "
+            f"rediss+cluster://"
         )
     if "@" in value:
         raise EndpointError(
@@ -570,6 +586,8 @@ def make_client(
                             max_connections, Retry)
     if ep.url.startswith(SENTINEL_SCHEMES):
         return _sentinel_master(ep, kwargs, asynchronous=False)
+    if is_cluster_endpoint(ep, connect_timeout):
+        return _cluster_client(ep, kwargs, asynchronous=False)
     return redis.Redis.from_url(ep.url, **kwargs)
 
 
@@ -608,6 +626,11 @@ def make_async_client(
                             max_connections, AsyncRetry)
     if ep.url.startswith(SENTINEL_SCHEMES):
         client = _sentinel_master(ep, kwargs, asynchronous=True)
+    elif is_cluster_endpoint(ep, connect_timeout):
+        client = _cluster_client(ep, kwargs, asynchronous=True)
+        if client_name is not None:
+            _name_cluster_connections(client, client_name)
+        return client
     else:
         client = aioredis.Redis.from_url(ep.url, **kwargs)
     if client_name is not None:
@@ -618,8 +641,10 @@ def make_async_client(
 def _name_connections(pool: Any, name: str) -> None:
     """Make every connection ``pool`` opens from now on name itself ``name``, if allowed.
     redis-py's own ``client_name`` fails the connection when SETNAME is refused."""
-    base = pool.connection_class
+    pool.connection_class = _named_class(pool.connection_class, name)
 
+
+def _named_class(base: Any, name: str) -> Any:
     class Named(base):  # type: ignore[misc,valid-type]
         async def on_connect_check_health(self, check_health: bool = True) -> None:
             await super().on_connect_check_health(check_health)
@@ -628,7 +653,230 @@ def _name_connections(pool: Any, name: str) -> None:
                 await self.read_response()
 
     Named.__name__ = Named.__qualname__ = f"Named{base.__name__}"
-    pool.connection_class = Named
+    return Named
+
+
+# -- Redis Cluster ----------------------------------------------------------------------------
+
+#: How long the cluster probe waits for a server that does not answer: it runs once per
+#: endpoint and process, synchronously, before the first client exists.
+_PROBE_TIMEOUT_S = 2.0
+# Endpoint URL -> whether it is a cluster node; only answers are remembered, not outages.
+_cluster_endpoints: dict[str, bool] = {}
+_UNREACHABLE_CLUSTER = "Redis Cluster cannot be connected"
+
+
+def is_cluster_endpoint(endpoint: Endpoint | str | None,
+                        connect_timeout: float = _PROBE_TIMEOUT_S) -> bool:
+    """Whether ``endpoint`` is a node of a Redis Cluster, so that any node's address works as
+    it does for ``redis-cli -c``. ``redis+cluster://`` says so without asking; a ``redis://``
+    or ``rediss://`` server is asked once per process (``INFO cluster``: ``cluster_enabled``).
+
+    An unreachable server, or one that refuses the login, is taken for a single server and
+    not remembered: its client then reports the outage as it always did, and the next client
+    asks again. A user whose ACL refuses ``INFO`` and ``CLUSTER INFO`` is taken for a user of
+    a single server: ``redis+cluster://`` is the way to say otherwise."""
+    ep = endpoint if isinstance(endpoint, Endpoint) else parse_endpoint(endpoint)
+    if ep.url.startswith(CLUSTER_SCHEMES):
+        return True
+    if not ep.url.startswith(("redis://", "rediss://")):
+        return False  # unix sockets and Sentinel name single servers
+    known = _cluster_endpoints.get(ep.url)
+    if known is not None:
+        return known
+    timeout = min(connect_timeout, _PROBE_TIMEOUT_S)
+    try:
+        probe = redis.Redis.from_url(ep.url, socket_connect_timeout=timeout,
+                                     socket_timeout=_PROBE_TIMEOUT_S, retry=Retry(NoBackoff(), 0),
+                                     protocol=2)
+    except (redis.RedisError, ValueError):
+        return False  # a URL redis-py refuses: the real client says why
+    try:
+        try:
+            found = str(probe.info("cluster").get("cluster_enabled", 0)) == "1"
+        except redis.exceptions.AuthenticationError:
+            raise
+        except redis.ResponseError:  # INFO refused by an ACL: CLUSTER INFO may be allowed
+            try:
+                probe.execute_command("CLUSTER", "INFO")
+                found = True
+            except redis.exceptions.AuthenticationError:
+                raise
+            except redis.ResponseError:  # "cluster support disabled", or refused too
+                found = False
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        probe.close()
+    _cluster_endpoints[ep.url] = found
+    return found
+
+
+def _cluster_unreachable(exc: BaseException) -> bool:
+    # redis-py raises RedisClusterException, which is no RedisError, when no node answers:
+    # callers ride out outages by catching ConnectionError, so it becomes one.
+    return (isinstance(exc, redis.exceptions.RedisClusterException)
+            and str(exc).startswith(_UNREACHABLE_CLUSTER))
+
+
+class _ClusterRedis(redis.cluster.RedisCluster):
+    """A cluster client whose "no node answers" is a ConnectionError (see above)."""
+
+    endpoint_display = ""
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().execute_command(*args, **kwargs)
+        except redis.exceptions.RedisClusterException as exc:
+            if not _cluster_unreachable(exc):
+                raise
+            raise redis.ConnectionError(redact(str(exc))) from None
+
+
+class _AsyncClusterRedis(aioredis.cluster.RedisCluster):
+    """The asyncio twin of :class:`_ClusterRedis`."""
+
+    endpoint_display = ""
+
+    async def initialize(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().initialize(*args, **kwargs)
+        except redis.exceptions.RedisClusterException as exc:
+            if not _cluster_unreachable(exc):
+                raise
+            raise redis.ConnectionError(redact(str(exc))) from None
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except redis.exceptions.RedisClusterException as exc:
+            if not _cluster_unreachable(exc):
+                raise
+            raise redis.ConnectionError(redact(str(exc))) from None
+
+
+def _cluster_client(ep: Endpoint, kwargs: dict[str, Any], *, asynchronous: bool) -> Any:
+    """A cluster client started from ``ep``'s node, with the same timeouts and retry policy
+    as a single server's: redis-py retries a cluster command at the cluster level (following
+    MOVED and re-reading the slot map), its node connections do not retry on their own."""
+    url = ep.url
+    for explicit in CLUSTER_SCHEMES:
+        if url.startswith(explicit):
+            url = explicit.replace("+cluster", "", 1) + url[len(explicit):]
+    kwargs = dict(kwargs)
+    retry = kwargs.pop("retry")
+    if retry.get_retries() < 0:
+        # redis-py's cluster loop counts attempts up front: "forever" is a very large count.
+        retry = type(retry)(ExponentialBackoff(cap=1.0, base=0.05), 1 << 40)
+    cls: Any = _AsyncClusterRedis if asynchronous else _ClusterRedis
+    try:
+        client = cls.from_url(url, retry=retry, **kwargs)
+    except redis.exceptions.RedisClusterException as exc:
+        if _cluster_unreachable(exc):  # the sync client reads the slot map at once
+            raise redis.ConnectionError(redact(str(exc))) from None
+        raise EndpointError(f"invalid Redis Cluster endpoint {ep.display!r}: "
+                            f"{redact(str(exc))}") from None
+    client.endpoint_display = ep.display
+    return client
+
+
+def _name_cluster_connections(client: Any, name: str) -> None:
+    """:func:`_name_connections` for every node of an asyncio cluster client, present and
+    future (nodes are made from the client's connection settings as the slot map names them)."""
+    named = _named_class(client.connection_kwargs["connection_class"], name)
+    client.connection_kwargs["connection_class"] = named
+    client.nodes_manager.connection_kwargs["connection_class"] = named
+    for node in client.nodes_manager.startup_nodes.values():
+        node.connection_class = named
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether ``client`` (from :func:`make_client` or :func:`make_async_client`) talks to a
+    Redis Cluster."""
+    return isinstance(client, (redis.cluster.RedisCluster, aioredis.cluster.RedisCluster))
+
+
+def socket_timeout_of(client: Any) -> float | None:
+    """The socket timeout of ``client``'s connections (``None``: none)."""
+    if isinstance(client, redis.cluster.RedisCluster):
+        kw = client.nodes_manager.connection_kwargs
+    elif isinstance(client, aioredis.cluster.RedisCluster):
+        kw = client.connection_kwargs
+    else:
+        kw = client.connection_pool.connection_kwargs
+    return kw.get("socket_timeout")
+
+
+async def scan_batches(client: Any, pattern: str, count: int = 1000) -> AsyncIterator[list[Any]]:
+    """The keys matching ``pattern``, a batch per SCAN call, on a single server or a cluster.
+
+    On a cluster SCAN is per node: a pattern with a hash tag (``elastic:{JOB}:*``, a whole
+    job) is scanned on the primary that owns the tag's slot, any other on every primary."""
+    if not isinstance(client, aioredis.cluster.RedisCluster):
+        cursor = 0
+        while True:
+            cursor, keys = await client.scan(cursor, match=pattern, count=count)
+            if keys:
+                yield keys
+            if int(cursor) == 0:
+                return
+    await client.initialize()
+    tagged = _tagged_prefix(pattern)
+    nodes = [client.get_node_from_key(tagged)] if tagged else client.get_primaries()
+    for node in nodes:
+        cursor = 0
+        while True:
+            cursors, keys = await client.scan(cursor, match=pattern, count=count,
+                                              target_nodes=node)
+            if keys:
+                yield keys
+            cursor = int(next(iter(cursors.values()), 0)) if isinstance(cursors, dict) else (
+                int(cursors))
+            if cursor == 0:
+                break
+
+
+def _tagged_prefix(pattern: str) -> str | None:
+    """The literal start of a SCAN pattern (escapes resolved, up to its first wildcard) if it
+    holds a whole hash tag: every key the pattern matches then hashes to that tag's slot."""
+    literal = []
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < len(pattern):
+            literal.append(pattern[i + 1])
+            i += 2
+            continue
+        if ch in "*?[":
+            break
+        literal.append(ch)
+        i += 1
+    text = "".join(literal)
+    start = text.find("{")
+    end = text.find("}", start + 1) if start >= 0 else -1
+    return text if start >= 0 and end > start + 1 else None
+
+
+async def execute_on_node_of(client: Any, key: str, *args: Any) -> Any:
+    """``args``, a command whose keys redis-py cannot find (``ACL WHOAMI``, ``ACL DRYRUN``), on
+    the server, or on a cluster on the primary that owns ``key``'s slot (each node has its
+    own ACL, and that one decides about ``key``)."""
+    if not isinstance(client, aioredis.cluster.RedisCluster):
+        return await client.execute_command(*args)
+    await client.initialize()
+    return await client.execute_command(*args, target_nodes=client.get_node_from_key(key))
+
+
+async def config_get_each(client: Any, pattern: str) -> list[dict[Any, Any]]:
+    """``CONFIG GET pattern`` of the server, or of every primary of a cluster (each node has
+    its own settings: one with the wrong eviction policy is enough to lose keys)."""
+    if not isinstance(client, aioredis.cluster.RedisCluster):
+        return [await client.config_get(pattern)]
+    await client.initialize()
+    reply = await client.config_get(pattern, target_nodes=client.get_primaries())
+    if isinstance(reply, dict) and reply and all(isinstance(v, dict) for v in reply.values()):
+        return list(reply.values())
+    return [reply]
 
 
 # -- Sentinel -------------------------------------------------------------------------------
@@ -846,7 +1094,8 @@ def _sentinel_master(ep: Endpoint, kwargs: dict[str, Any], *, asynchronous: bool
 
 def describe_endpoint(client: redis.Redis) -> str:
     """The endpoint a client talks to, password-free, for messages."""
-    if isinstance(client, (_SentinelRedis, _AsyncSentinelRedis)):
+    if isinstance(client, (_SentinelRedis, _AsyncSentinelRedis, _ClusterRedis,
+                           _AsyncClusterRedis)):
         return client.endpoint_display
     kw = client.connection_pool.connection_kwargs
     if "path" in kw:
@@ -868,11 +1117,22 @@ def explain_error(exc: BaseException, where: str) -> RedisUnavailableError:
     elif isinstance(exc, redis.AuthenticationError) or "WRONGPASS" in detail:
         hint = (f"check the user and password (in the Redis URL, ${PASSWORD_ENV} or the "
                 f"password file)")
+    elif isinstance(exc, redis.exceptions.AskError):  # MOVED too: a cluster seen as one server
+        kind = "MOVED" if isinstance(exc, redis.exceptions.MovedError) else "ASK"
+        detail = f"{kind} {detail}"  # redis-py keeps only "<slot> <host:port>"
+        hint = ("this server is a node of a Redis Cluster, which was not recognised (its "
+                "INFO refused?): name it redis+cluster://host:port")
     elif isinstance(exc, redis.exceptions.NoPermissionError) or (
             isinstance(exc, redis.ResponseError) and "NOPERM" in detail):
         hint = "the Redis user lacks a permission this command needs (check its ACL)"
     elif isinstance(exc, (redis.TimeoutError, socket.timeout)):
         hint = "check that the host is reachable and not firewalled"
+    elif isinstance(exc, redis.OutOfMemoryError):
+        # Not a reachability problem (and the message's "script: ..., on @user_script:N"
+        # looks like a password to redact()): say what it is.
+        return RedisUnavailableError(
+            f"Redis at {redact(where)} is out of memory (maxmemory reached) and refuses "
+            "writes; free memory on the server or raise its maxmemory")
     else:
         hint = ("check that redis-server is running there and that --redis points to it "
                 "(or use --standalone to start one)")
@@ -901,7 +1161,11 @@ def connect(endpoint: Endpoint | str | None, **kwargs: Any) -> redis.Redis:
     """``make_client`` and a PING, so an unreachable server is one clear error up front."""
     ep = endpoint if isinstance(endpoint, Endpoint) else parse_endpoint(endpoint)
     kwargs.setdefault("retries", 2)
-    client = make_client(ep, **kwargs)
+    try:
+        # Inside: a cluster client reads the slot map as it is made, and may fail there.
+        client = make_client(ep, **kwargs)
+    except (redis.RedisError, OSError) as exc:
+        raise explain_error(exc, ep.display) from None
     try:
         client.ping()
     except (redis.RedisError, OSError) as exc:

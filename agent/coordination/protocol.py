@@ -58,6 +58,8 @@ EVENTS_MAXLEN = 100_000
 LOGS_MAXLEN = 200_000
 COMMANDS_MAXLEN = 10_000
 NOTIFY_MAXLEN = 10_000
+#: Stack replies (one entry per rank and request, each up to ``MAX_STACK_TEXT_BYTES``).
+STACKS_MAXLEN = 10_000
 
 
 class InvalidJobIdError(ValueError):
@@ -193,11 +195,43 @@ class JobKeys:
         return self._k(f"logs:{node_id}")
 
     @property
+    def stacks(self) -> str:
+        """Stream: one entry per rank answering a stack request or capture (see
+        ``encode_stack_reply``)."""
+        return self._k("stacks")
+
+    @property
+    def progress(self) -> str:
+        """Hash: node -> Redis server time (ms, integer) of the newest progress of any of its
+        workers (an output line, or CPU time advancing; see supervision/stall.py). Written by
+        each agent every few seconds while its workers run; readers ignore a field that is not
+        an integer, or is more than a minute ahead of the server's clock."""
+        return self._k("progress")
+
+    def stall(self, round_: int) -> str:
+        """String: the progress time (ms) of the newest stall of round ``round_`` that an agent
+        claimed (SET with a lease while it captures the stacks; kept once reported). A stall
+        is claimed again only after newer progress, so one stall is reported exactly once."""
+        return self._k(f"stall:{int(round_)}")
+
+    @property
     def resources(self) -> str:
         """Hash: global rank -> the latest resource sample of that worker (JSON)."""
         return self._k("resources")
 
+    @property
+    def lease(self) -> str:
+        """String with a TTL: which agent renews the TTL of the job's keys this interval
+        (see supervision/retention.py)."""
+        return self._k("lease")
+
     # -- rendezvous --------------------------------------------------------------------
+
+    @property
+    def lost_sweep(self) -> str:
+        """A claim (SET NX PX 60 s) of the reader that gives a lost job's keys without a TTL
+        the meta's TTL (``elastic-console ls``): at most one sweep a minute per job."""
+        return self._k("lost_sweep")
     @property
     def rdzv_state(self) -> str:
         """Hash: round, status (open|complete), closed, deadline_ms, seq."""
@@ -284,7 +318,7 @@ class EventType:
     # agent's watchdog (torch's file timer, TORCHELASTIC_ENABLE_FILE_TIMER) saw a timer expire
     WORKER_TIMER_EXPIRED = "worker_timer_expired"
     GROUP_FAILED = "group_failed"  # root_cause{...}, failures[]
-    RESTARTING = "restarting"  # reason (failure|membership|command), restarts_used, max_restarts
+    RESTARTING = "restarting"  # reason (failure|membership|command|stalled), restarts_used, max_restarts
     WORKERS_STOPPED = "workers_stopped"  # ranks[], reason
     JOB_SUCCEEDED = "job_succeeded"
     JOB_FAILED = "job_failed"  # root_cause{...}, restarts_used
@@ -295,13 +329,18 @@ class EventType:
     # latest linger_s seconds after this event, earlier once no console is attached: a reader
     # that then loses the server knows it is gone for good, not an outage.
     REDIS_STOPPING = "redis_stopping"
+    # request (the capture's id on the stacks stream), idle_s, groups[{ranks, hosts, summary,
+    # frames}] (at most 20, the odd ones first), odd_ranks[], odd_hosts[], policy
+    # (observe|restart|stop), round: no rank of the job made progress for --stall-timeout
+    # (stall.py); written once per stall by the agent that claimed it (JobKeys.stall)
+    STALLED = "stalled"
 
     ALL = frozenset(
         {
             NODE_JOINED, NODE_LEFT, NODE_LOST, RENDEZVOUS_COMPLETE, WORKERS_STARTED,
             WORKER_EXITED, GROUP_FAILED, RESTARTING, WORKERS_STOPPED, JOB_SUCCEEDED,
             JOB_FAILED, JOB_STOPPED, COMMAND_ACK, LOGS_DROPPED, REDIS_STOPPING,
-            WORKER_TIMER_EXPIRED,
+            WORKER_TIMER_EXPIRED, STALLED,
         }
     )
 
@@ -481,8 +520,11 @@ class CommandType:
     STOP = "stop"  # graceful, job-wide
     RESTART = "restart"  # the whole worker group, job-wide, not counted against max restarts
     SIGNAL = "signal"  # args: {"rank": R, "signal": one of SIGNALS}
+    # args: {"rank": R} optional; read-only: every agent publishes its ranks' Python stacks on
+    # JobKeys.stacks (request = the command id), then acks "done"
+    STACKS = "stacks"
 
-    ALL = frozenset({STOP, RESTART, SIGNAL})
+    ALL = frozenset({STOP, RESTART, SIGNAL, STACKS})
     #: The signals a ``signal`` command may send (an allow-list: no SIGSTOP, no SIGUSR1 that a
     #: worker may use for its own purposes).
     SIGNALS = frozenset({"SIGTERM", "SIGKILL", "SIGINT"})
@@ -546,8 +588,84 @@ def decode_command(entry_id: str | bytes, fields: Mapping[Any, Any]) -> Command 
             return "signal needs args.rank, a non-negative integer"
         if args.get("signal", "SIGTERM") not in CommandType.SIGNALS:
             return f"signal must be one of {', '.join(sorted(CommandType.SIGNALS))}"
+    if command_type == CommandType.STACKS and args.get("rank") is not None \
+            and not is_rank(args.get("rank")):
+        return "stacks: args.rank must be a non-negative integer when given"
+    if command_type == CommandType.STACKS and not is_request_id(command_id):
+        return "stacks: the command id must be letters, digits, '.', '_', ':' or '-'"
     return Command(id=command_id, type=command_type, issuer=issuer, target=target, args=args,
                    entry_id=_str(entry_id))
+
+
+# -- stack replies ----------------------------------------------------------------------
+
+#: faulthandler text of one rank, as published (an agent cuts it there and says so).
+MAX_STACK_TEXT_BYTES = 256 * 1024
+MAX_STACK_ERROR_CHARS = 512
+#: A request id: a command id, or a capture id an agent chose (``stop-3``, ``stall-...``).
+_REQUEST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
+@dataclass(frozen=True)
+class StackReply:
+    """One rank's answer to a stack request: faulthandler ``text``, or the ``error`` that
+    says why there is none. ``coordination.stack_dumps`` parses the text."""
+
+    request: str
+    node: str
+    host: str
+    rank: int
+    pid: int
+    text: str
+    error: str = ""
+    truncated: bool = False
+    id: str = ""
+
+
+def encode_stack_reply(reply: StackReply) -> dict[str, str]:
+    """Stream fields of a reply; ``text`` is cut to ``MAX_STACK_TEXT_BYTES`` (``truncated``
+    says so) and ``error`` to ``MAX_STACK_ERROR_CHARS``."""
+    raw = reply.text.encode("utf-8", "replace")
+    cut = len(raw) > MAX_STACK_TEXT_BYTES
+    return {
+        "v": str(PROTOCOL_VERSION),
+        "request": reply.request,
+        "node": reply.node[:MAX_NAME_CHARS],
+        "host": reply.host[:MAX_NAME_CHARS],
+        "rank": str(reply.rank),
+        "pid": str(reply.pid),
+        "text": raw[:MAX_STACK_TEXT_BYTES].decode("utf-8", "ignore") if cut else reply.text,
+        "truncated": "1" if cut or reply.truncated else "0",
+        "error": reply.error[:MAX_STACK_ERROR_CHARS],
+    }
+
+
+def decode_stack_reply(entry_id: str | bytes, fields: Mapping[Any, Any]) -> StackReply | None:
+    """Decode a stack reply; ``None`` for a malformed one or an unknown version (sizes are
+    checked before anything is decoded)."""
+    try:
+        raw_text = fields.get(b"text", fields.get("text", ""))
+        if len(raw_text) > MAX_STACK_TEXT_BYTES + 4:
+            return None
+        f = _strs(fields)
+        request, node, host = f.get("request", ""), f.get("node", ""), f.get("host", "")
+        if (record_version(f) is None or not _REQUEST_RE.fullmatch(request)
+                or len(node) > MAX_NAME_CHARS or len(host) > MAX_NAME_CHARS
+                or len(f.get("error", "")) > MAX_STACK_ERROR_CHARS * 4):
+            return None
+        rank, pid = _small_int(f["rank"]), _small_int(f.get("pid", "0"))
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return None
+    if not is_rank(rank) or not 0 <= pid < (1 << 31):
+        return None
+    return StackReply(request=request, node=node, host=host, rank=rank, pid=pid,
+                      text=f.get("text", ""), error=f.get("error", "")[:MAX_STACK_ERROR_CHARS],
+                      truncated=f.get("truncated") == "1", id=_str(entry_id))
+
+
+def is_request_id(value: Any) -> bool:
+    """A request id as stack replies carry it (a command id or an agent's capture id)."""
+    return isinstance(value, str) and _REQUEST_RE.fullmatch(value) is not None
 
 
 # -- rendezvous records -----------------------------------------------------------------

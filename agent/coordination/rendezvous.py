@@ -45,6 +45,7 @@ import redis
 from . import protocol
 from .connection import Endpoint, explain_error, make_client, parse_endpoint
 from .ports import free_port
+from .pressure import OOM, is_oom
 from .protocol import JobKeys, NodeDescription, RoundInfo
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,11 @@ class RendezvousTimeoutError(RendezvousError):
 
 class RendezvousConnectionError(RendezvousError):
     """Redis could not be reached."""
+
+
+class RendezvousOutOfMemoryError(RendezvousConnectionError):
+    """Redis refused a write for lack of memory (``maxmemory``): an outage that ends when
+    memory is freed; ``pressure.OOM`` has reported it already."""
 
 
 @dataclass(frozen=True)
@@ -496,9 +502,19 @@ class RedisRendezvous:
 
     def _call(self, script: Any, args: list[Any]) -> Any:
         try:
-            return script(keys=self._keys, args=args)
+            reply = script(keys=self._keys, args=args)
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             raise RendezvousConnectionError(str(explain_error(exc, self.endpoint.display))) from None
+        except redis.ResponseError as exc:
+            if not is_oom(exc):
+                raise
+            # Scripts are checked for memory at their first write: a refused one changed
+            # nothing, so callers retry it as they retry an outage.
+            OOM.refused()
+            raise RendezvousOutOfMemoryError(
+                str(explain_error(exc, self.endpoint.display))) from None
+        OOM.accepted()
+        return reply
 
     # -- the handler contract -----------------------------------------------------------
     def get_backend(self) -> str:
@@ -553,6 +569,7 @@ class RedisRendezvous:
                 if rank is not None:
                     self._last_round = info.round
                     self._round_json, self._desc = payload, desc
+                    self._drop_round_store(info.round - 1)
                     addr, port = info.master()
                     return RendezvousResult(info.round, rank, info.world_size, addr, port, info)
                 continue  # completed without us (we were purged): join the next one
@@ -583,15 +600,35 @@ class RedisRendezvous:
         try:
             secs, micros = self._client.time()
             now_ms = secs * 1000 + micros // 1000
-            self._client.zadd(protocol.JOBS_INDEX, {self.job_id: now_ms}, nx=True)
             self._client.hsetnx(self.keys.meta, "created_ms", now_ms)
             self._client.hset(self.keys.meta, mapping={
                 "min_nodes": self.settings.min_nodes, "max_nodes": self.settings.max_nodes,
                 # Readers call a job lost when no heartbeat is newer than this.
                 "heartbeat_timeout_ms": int(self.settings.heartbeat_timeout * 1000),
             })
+            # Listed after its meta exists: an index entry without one is a job that expired
+            # or was removed, which readers drop from the index (see retention.py).
+            self._client.zadd(protocol.JOBS_INDEX, {self.job_id: now_ms}, nx=True)
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             raise RendezvousConnectionError(str(explain_error(exc, self.endpoint.display))) from None
+        except redis.ResponseError as exc:
+            if not is_oom(exc):
+                raise
+            OOM.refused()
+            raise RendezvousOutOfMemoryError(
+                str(explain_error(exc, self.endpoint.display))) from None
+
+    def _drop_round_store(self, rnd: int) -> None:
+        """Delete round ``rnd``'s store namespace (``r<round>``: the agents' exit barrier,
+        torch's own store): only that round's members used it, and they have moved on to a
+        newer round or are gone. Without this a job keeps one namespace per round it ran."""
+        if rnd < 0:
+            return
+        ns = f"r{rnd}"
+        try:
+            self._client.unlink(self.keys.store(ns), self.keys.store_notify(ns))
+        except (redis.RedisError, OSError) as exc:  # left to the job's retention then
+            log.debug("cannot delete the store of round %d: %s", rnd, exc)
 
     def _wait_notify(self, streams: dict[str, bytes], block_ms: int) -> None:
         # Any entry means "look again": the join script re-reads the state and returns
@@ -739,6 +776,8 @@ class RedisRendezvous:
             try:
                 self.heartbeat()
                 last_error = ""
+            except RendezvousOutOfMemoryError:
+                last_error = ""  # pressure.OOM reports the episode, for every writer at once
             except Exception as exc:  # this thread must outlive any refusal
                 # Keep trying, whatever Redis answers: an outage, or a refusal such as OOM
                 # (maxmemory with noeviction) that ends by itself, must not stop the beats and

@@ -32,9 +32,9 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -45,13 +45,18 @@ from elastic_agent.coordination.connection import (
     explain_error,
     make_client,
     parse_endpoint,
+    socket_timeout_of,
 )
+from elastic_agent.coordination.pressure import OOM, is_oom
 from elastic_agent.coordination.protocol import NOTIFY_MAXLEN, JobKeys
+
+T = TypeVar("T")
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "RedisStore",
     "RedisUnavailableError",
+    "StoreOutOfMemoryError",
     "StoreTimeoutError",
     "barrier",
     "synchronize",
@@ -143,6 +148,10 @@ class StoreTimeoutError(TimeoutError):
         super().__init__(message)
         self.keys = list(keys)
         self.timeout = timeout
+
+
+class StoreOutOfMemoryError(StoreTimeoutError):
+    """Redis refused a store write for lack of memory until the store's deadline."""
 
 
 def _seconds(timeout: Timeout) -> float:
@@ -328,8 +337,8 @@ class RedisStore:
         """Set ``key`` to ``value`` (bytes, or str encoded as UTF-8), waking its waiters."""
         name = _key_name(key)
         data = _value_bytes(name, value)
-        with self._errors():
-            self._set_script(keys=[self._hash, self._notify], args=[NOTIFY_MAXLEN, name, data])
+        self._write(name, lambda: self._set_script(keys=[self._hash, self._notify],
+                                                   args=[NOTIFY_MAXLEN, name, data]))
 
     def multi_set(self, keys: Sequence[str | bytes], values: Sequence[Value]) -> None:
         """Set every key to the value at the same position, atomically."""
@@ -343,8 +352,8 @@ class RedisStore:
         args: list[Any] = [NOTIFY_MAXLEN]
         for name, value in zip(names, values, strict=True):
             args += [name, _value_bytes(name, value)]
-        with self._errors():
-            self._set_script(keys=[self._hash, self._notify], args=args)
+        self._write(names[0], lambda: self._set_script(keys=[self._hash, self._notify],
+                                                       args=args))
 
     def add(self, key: str | bytes, amount: int) -> int:
         """Add ``amount`` to the integer at ``key`` (a missing key counts as 0); return it.
@@ -358,9 +367,8 @@ class RedisStore:
                 f"not {type(amount).__name__}"
             )
         try:
-            with self._errors():
-                return int(self._add_script(keys=[self._hash, self._notify],
-                                            args=[NOTIFY_MAXLEN, name, amount]))
+            return int(self._write(name, lambda: self._add_script(
+                keys=[self._hash, self._notify], args=[NOTIFY_MAXLEN, name, amount])))
         except redis.ResponseError as exc:
             if "not an integer" in str(exc) or "overflow" in str(exc):
                 raise ValueError(
@@ -373,8 +381,8 @@ class RedisStore:
         """Append ``value`` to the bytes at ``key`` (creating it when missing)."""
         name = _key_name(key)
         data = _value_bytes(name, value)
-        with self._errors():
-            self._append_script(keys=[self._hash, self._notify], args=[NOTIFY_MAXLEN, name, data])
+        self._write(name, lambda: self._append_script(keys=[self._hash, self._notify],
+                                                      args=[NOTIFY_MAXLEN, name, data]))
 
     def compare_set(self, key: str | bytes, expected: Value, desired: Value) -> bytes:
         """Set ``key`` to ``desired`` if it holds ``expected``; TCPStore's exact semantics.
@@ -387,10 +395,8 @@ class RedisStore:
         name = _key_name(key)
         exp = _value_bytes(name, expected)
         des = _value_bytes(name, desired)
-        with self._errors():
-            return bytes(self._compare_set_script(
-                keys=[self._hash, self._notify], args=[NOTIFY_MAXLEN, name, exp, des]
-            ))
+        return bytes(self._write(name, lambda: self._compare_set_script(
+            keys=[self._hash, self._notify], args=[NOTIFY_MAXLEN, name, exp, des])))
 
     def delete_key(self, key: str | bytes) -> bool:
         """Delete ``key``; ``True`` if it existed."""
@@ -465,6 +471,36 @@ class RedisStore:
                 raise explain_error(exc, self._where) from exc
             raise
 
+    def _write(self, name: str, call: Callable[[], T]) -> T:
+        """Run a write script, retrying while Redis refuses it for lack of memory (each
+        script is checked at its first write, so a refused one changed nothing) until the
+        store's deadline; then :class:`StoreOutOfMemoryError`."""
+        deadline = None if self._timeout == 0 else time.monotonic() + self._timeout
+        delay = 0.05
+        while True:
+            try:
+                with self._errors():
+                    result = call()
+            except redis.ResponseError as exc:
+                if not is_oom(exc):
+                    raise
+                OOM.refused()  # reported once per episode for the whole process
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise StoreOutOfMemoryError(
+                        f"Redis refused to write key {name!r} in {self._describe()} for "
+                        f"{_fmt_seconds(self._timeout)} s: it is out of memory (maxmemory)",
+                        [name], self._timeout) from None
+                self._pause(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            OOM.accepted()
+            return result
+
+    def _pause(self, seconds: float) -> None:
+        """The backoff between refused writes (nothing signals that memory was freed).
+        Subclasses whose waits can be abandoned override it to notice that."""
+        time.sleep(seconds)
+
     def _check(self, names: list[str], *, fetch: bool) -> tuple[bytes, list[Any]]:
         with self._errors():
             reply = self._check_script(
@@ -528,7 +564,7 @@ class RedisStore:
 
 def _block_chunk_ms(reader: redis.Redis) -> int:
     """The longest XREAD BLOCK this reader can send without its socket timing out first."""
-    socket_timeout = reader.connection_pool.connection_kwargs.get("socket_timeout")
+    socket_timeout = socket_timeout_of(reader)
     if socket_timeout is None:
         return BLOCK_CHUNK_MS
     # Keep a margin for the reply to travel; a tiny socket timeout still blocks briefly.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -34,7 +35,7 @@ from elastic_agent.coordination.connection import Endpoint, RedisUnavailableErro
 from elastic_agent.coordination.rendezvous import RedisRendezvous, RendezvousSettings
 from elastic_agent.coordination.store import DEFAULT_TIMEOUT, RedisStore, StoreTimeoutError
 
-__all__ = ["TorchRedisStore"]
+__all__ = ["LogPlan", "LogsSpecsPlugin", "TorchRedisStore"]
 
 
 @contextlib.contextmanager
@@ -286,3 +287,62 @@ def numa_bound_argv(argv: Sequence[str], gpu_index: int, mode: str) -> list[str]
 def cuda_device_count() -> int:
     """GPUs torch can see (for ``--nproc-per-node gpu|auto``)."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+# -- --logs-specs: a torchrun.logs_specs plugin decides where worker output goes ---------
+
+@dataclass(frozen=True)
+class LogPlan:
+    """What a ``torch.distributed.elastic.multiprocessing.LogsSpecs`` decided for one attempt
+    (its ``LogsDest``), as plain data: local rank -> path. A stdout/stderr path of ``""``
+    means the agent's own stream (torch's console), :data:`os.devnull` nothing; a rank in
+    ``tee_*`` also goes to the console, prefixed. ``error_files``: ``TORCHELASTIC_ERROR_FILE``.
+    """
+
+    stdouts: dict[int, str]
+    stderrs: dict[int, str]
+    tee_stdouts: dict[int, str]
+    tee_stderrs: dict[int, str]
+    error_files: dict[int, str]
+    filtered_stdout: str = ""
+    filtered_stderr: str = ""
+
+
+class LogsSpecsPlugin:
+    """An instance of a ``torchrun.logs_specs`` entry point's class, made as torchrun makes it
+    (``log_dir``, ``redirects``, ``tee``, ``local_ranks_filter``)."""
+
+    def __init__(self, name: str, log_dir: str | None, redirects: str, tee: str,
+                 local_ranks_filter: set[int] | None) -> None:
+        from importlib import metadata
+
+        from torch.distributed.elastic.multiprocessing import LogsSpecs, Std
+
+        (entry,) = metadata.entry_points(group=LOGS_SPECS_GROUP, name=name)
+        cls = entry.load()
+        if not (isinstance(cls, type) and issubclass(cls, LogsSpecs)):
+            raise TypeError(f"{entry.value} is not a LogsSpecs class")
+        self.name = name
+        self._specs = cls(log_dir=log_dir, redirects=Std.from_str(redirects),
+                          tee=Std.from_str(tee), local_ranks_filter=local_ranks_filter)
+
+    @property
+    def root_log_dir(self) -> str:
+        return str(self._specs.root_log_dir)
+
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogPlan:
+        """The plugin's destinations for one attempt; ``envs`` are the workers' environments
+        by local rank, which the plugin may change (torch's default sets the error file)."""
+        dest = self._specs.reify(envs)
+        return LogPlan(
+            stdouts={int(k): str(v) for k, v in dest.stdouts.items()},
+            stderrs={int(k): str(v) for k, v in dest.stderrs.items()},
+            tee_stdouts={int(k): str(v) for k, v in dest.tee_stdouts.items()},
+            tee_stderrs={int(k): str(v) for k, v in dest.tee_stderrs.items()},
+            error_files={int(k): str(v) for k, v in dest.error_files.items()},
+            filtered_stdout=str(dest.filtered_stdout or ""),
+            filtered_stderr=str(dest.filtered_stderr or ""))
+
+
+#: The entry point group torchrun's ``--logs-specs`` names a plugin of.
+LOGS_SPECS_GROUP = "torchrun.logs_specs"

@@ -28,6 +28,9 @@ from ..coordination.connection import (
 from ..coordination.protocol import InvalidJobIdError, validate_job_id
 from ..coordination.rendezvous import RendezvousSettings
 from .logs import parse_local_ranks_filter, parse_std_spec
+from .retention import DEFAULT_RETENTION_S, parse_duration
+from .stacks import DEFAULT_SIGNAL as DEFAULT_STACK_SIGNAL
+from .stacks import parse_stack_signal
 
 
 class UsageError(ValueError):
@@ -59,6 +62,9 @@ class AgentConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
     #: No --log-dir: ``log_dir`` is a fresh private directory the user must be told about.
     log_dir_generated: bool = False
+    #: torchrun's --logs-specs: a ``torchrun.logs_specs`` entry point that decides the log
+    #: destinations; ``log_dir`` is then the root handed to it, not our run directory.
+    logs_specs: str | None = None
     #: torchrun's --event-log-handler: ``console`` also prints every event on stderr.
     event_log_handler: str = "null"
     #: torchrun's --virtual-local-rank: LOCAL_RANK=0, CUDA_VISIBLE_DEVICES one GPU per worker.
@@ -73,6 +79,14 @@ class AgentConfig:
     health_check_port: int | None = None
     #: --preload: modules a warm zygote imports; workers are forked from it (issue 14).
     preload: tuple[str, ...] = ()
+    #: --retention: seconds a job's keys outlive its end (0: forever; see retention.py).
+    retention_s: float = DEFAULT_RETENTION_S
+    #: --stack-signal: Python workers dump every thread's stack on it (None: off, issue 13).
+    stack_signal: int | None = DEFAULT_STACK_SIGNAL
+    #: --stall-timeout: seconds without progress of any rank before the job is stalled (0: off).
+    stall_timeout: float = 300.0
+    #: --on-stall: observe (report it), restart (the worker group, spending a restart) or stop.
+    on_stall: str = "observe"
 
 
 @dataclass(frozen=True)
@@ -173,12 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
       help="prefix of terminal lines, with ${role_name}, ${rank} and ${local_rank}")
     a(*_both("duplicate-stdout-filters"), dest="duplicate_stdout_filters", default=None,
       type=_comma_list, help="teed stdout lines holding any of these strings (a,b; ',,' is a "
-      "comma) also go to LOG_DIR/JOB/attempt_N/filtered_stdout.log, as torchrun")
+      "comma) also go to LOG_DIR/RUN/attempt_N/filtered_stdout.log, as torchrun")
     a(*_both("duplicate-stderr-filters"), dest="duplicate_stderr_filters", default=None,
       type=_comma_list, help="the same for stderr, into filtered_stderr.log")
     a(*_both("logs-specs"), dest="logs_specs", default=None,
-      help="not supported yet (refused): the log tree is torchrun's default one, under "
-      "--log-dir")
+      help="a torchrun.logs_specs entry point that decides where worker output goes, as in "
+      "torchrun (default: torch's DefaultLogsSpecs layout, written by the agent)")
     a(*_both("local-addr"), dest="local_addr", default=None,
       help="address other nodes reach this one at (default: the host's FQDN)")
     a(*_both("shutdown-timeout"), dest="shutdown_timeout", default="30",
@@ -196,12 +210,27 @@ def build_parser() -> argparse.ArgumentParser:
       help="MASTER_PORT of the workers, with --rdzv-backend static (default 29500)")
     a(*_both("log-retention"), dest="log_retention", default="200000",
       help="log entries kept per node stream in Redis (default 200000)")
+    a("--retention", default="7d", metavar="DURATION",
+      help="how long the job's records stay in Redis after it ended (or after its last agent "
+      "vanished): e.g. 7d, 12h, 30m, 90s; 0 keeps them forever (default 7d)")
     a(*_both("health-check-port"), dest="health_check_port", default=None, metavar="PORT",
       help="serve HTTP liveness (/healthz) and Prometheus metrics (/metrics) on this port "
       "(default $TORCHELASTIC_HEALTH_CHECK_PORT, else none)")
     a("--preload", default="", metavar="MODULES",
       help="comma list of modules (e.g. torch) a warm zygote imports once per node; workers "
       "are forked from it instead of starting a new interpreter (default none)")
+    a(*_both("stack-signal"), dest="stack_signal", default="SIGRTMIN+4", metavar="SIG",
+      help="real-time signal on which Python workers write every thread's stack for "
+      "`elastic-console stacks` (faulthandler, registered before the script runs: no ptrace, "
+      "no root); SIGRTMIN+N, SIGRTMAX-N, a number, or off (default SIGRTMIN+4)")
+    a(*_both("stall-timeout"), dest="stall_timeout", default="300", metavar="S",
+      help="the job is stalled when no rank printed a line or used CPU for S seconds: every "
+      "rank's stacks are captured and a `stalled` event names the odd ranks (0: off; "
+      "default 300)")
+    a(*_both("on-stall"), dest="on_stall", default="observe",
+      choices=("observe", "restart", "stop"),
+      help="what a stall does besides the event: observe (nothing, the default), restart "
+      "(the worker group, counted against --max-restarts) or stop (the job fails)")
     a("training_script", nargs="?", help="the worker script (or module, or executable)")
     a("training_script_args", nargs=argparse.REMAINDER)
     return p
@@ -227,11 +256,20 @@ def parse_nnodes(value: str) -> tuple[int, int]:
     return lo, hi
 
 
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (affinity, taskset, cpusets), as torch counts them
+    for ``--nproc-per-node cpu|auto`` (``torch._utils.cpu_count``), not the host's."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def parse_nproc(value: str) -> int:
     if value.isdigit() and int(value) > 0:
         return int(value)
     if value == "cpu":
-        return os.cpu_count() or 1
+        return _usable_cpus()
     if value in ("gpu", "auto"):
         from ..coordination.torch_compat import cuda_device_count  # torch only when asked for GPUs
 
@@ -240,7 +278,7 @@ def parse_nproc(value: str) -> int:
             return gpus
         if value == "gpu":
             raise UsageError("--nproc-per-node gpu: no CUDA device is visible on this host")
-        return os.cpu_count() or 1
+        return _usable_cpus()
     raise UsageError(f"--nproc-per-node {value!r} is not a positive number, auto, cpu or gpu")
 
 
@@ -284,12 +322,18 @@ def parse_rdzv_conf(value: str) -> dict[str, float]:
     return out
 
 
-def refuse_unsupported(ns: argparse.Namespace) -> None:
-    """torchrun flags whose behaviour is not built yet: refused, never silently ignored."""
-    for flag, value, instead in (
-            ("--logs-specs", ns.logs_specs, "--log-dir (torchrun's default layout)"),):
-        if value is not None:
-            raise UsageError(f"{flag} is not supported by elastic-agent yet; use {instead}")
+def check_logs_specs(name: str | None) -> str | None:
+    """--logs-specs must name an installed ``torchrun.logs_specs`` entry point (looked up
+    without importing it: loading it imports torch, which the agent does when it starts)."""
+    if name is None:
+        return None
+    from importlib import metadata
+
+    found = sorted(e.name for e in metadata.entry_points(group="torchrun.logs_specs"))
+    if name not in found:
+        raise UsageError(f"--logs-specs: no torchrun.logs_specs entry point named {name!r} "
+                         f"is installed (installed: {', '.join(found) or 'none'})")
+    return name
 
 
 _EVENT_LOG_HANDLERS = ("null", "console", "dynamic_rendezvous")
@@ -432,9 +476,45 @@ def build_entrypoint(ns: argparse.Namespace) -> list[str]:
     return [sys.executable, "-u", script, *args]
 
 
+#: torchrun's flags whose default comes from ``PET_<DEST>`` (torch's ``argparse_util.env``)
+#: and its switches that ``PET_<DEST>=1`` turns on (``check_env``); torch 2.13's lists, which
+#: tests/test_torchrun_flags.py compares with torch's own parser.
+PET_VALUES = ("duplicate_stderr_filters", "duplicate_stdout_filters", "event_log_handler",
+              "local_addr", "local_ranks_filter", "log_dir", "master_addr", "master_port",
+              "max_restarts", "monitor_interval", "nnodes", "node_rank", "nproc_per_node",
+              "rdzv_backend", "rdzv_conf", "rdzv_endpoint", "rdzv_id", "redirects", "role",
+              "shutdown_timeout", "signals_to_handle", "start_method", "tee")
+PET_SWITCHES = ("module", "no_python", "run_path", "standalone", "virtual_local_rank")
+
+
+def apply_pet_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """torchrun's ``PET_*`` variables: a flag not on the command line takes its value from
+    ``PET_<DEST>`` (``PET_NPROC_PER_NODE=4``), a switch is on when ``PET_<DEST>`` is a
+    non-zero number. The command line wins."""
+    by_option = parser._option_string_actions
+    for names, switch in ((PET_VALUES, False), (PET_SWITCHES, True)):
+        for dest in names:
+            raw = environ.get(f"PET_{dest.upper()}")
+            action = by_option.get("--" + dest.replace("_", "-")) or by_option.get("--" + dest)
+            if raw is None or action is None:
+                continue
+            if not switch:
+                parser.set_defaults(**{action.dest: raw})  # argparse applies `type` to it
+                continue
+            try:
+                parser.set_defaults(**{action.dest: bool(int(raw))})
+            except ValueError:
+                raise UsageError(f"PET_{dest.upper()}={raw!r}: a switch is 0 or 1, as for "
+                                 f"torchrun") from None
+
+
 def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> AgentConfig:
     env = os.environ if environ is None else environ
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    apply_pet_defaults(parser, env)
+    ns = parser.parse_args(argv)
+    if ns.log_line_prefix_template is None:  # torchrun has only the variable, no flag
+        ns.log_line_prefix_template = env.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
     min_nodes, max_nodes = parse_nnodes(ns.nnodes)
     try:
         endpoint = with_outside_password(
@@ -457,7 +537,7 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
         raise UsageError(f"--job-id: {exc}") from None
     if ns.standalone:
         min_nodes = max_nodes = 1
-    refuse_unsupported(ns)
+    logs_specs = check_logs_specs(ns.logs_specs)
     static = parse_static(ns, min_nodes, max_nodes)
     conf = parse_rdzv_conf(ns.rdzv_conf)
     try:
@@ -474,7 +554,7 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
         monitor_interval=float(_number(ns.monitor_interval, "--monitor-interval", float)),
         role=ns.role,
         entrypoint=build_entrypoint(ns),
-        log_dir=Path(ns.log_dir) / job_id if ns.log_dir else Path(),
+        log_dir=Path(ns.log_dir) if ns.log_dir else Path(),
         log_dir_generated=not ns.log_dir,
         redirects=check_std_spec(ns.redirects, "--redirects"),
         tee=check_std_spec(ns.tee, "--tee"),
@@ -498,12 +578,25 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
             _number(ns.health_check_port, "--health-check-port")),
     )
     cfg = replace(cfg, preload=parse_preload(ns))
+    try:
+        cfg = replace(cfg, retention_s=parse_duration(ns.retention))
+    except ValueError as exc:
+        raise UsageError(f"--retention: {exc}") from None
+    try:
+        cfg = replace(cfg, stack_signal=parse_stack_signal(ns.stack_signal))
+    except ValueError as exc:
+        raise UsageError(f"--stack-signal: {exc}") from None
+    stall_timeout = float(_number(ns.stall_timeout, "--stall-timeout", float))
+    if not 0 <= stall_timeout <= 1e9:  # (NaN and infinity fail this too)
+        raise UsageError(f"--stall-timeout {ns.stall_timeout!r} is not a number of seconds")
+    cfg = replace(cfg, stall_timeout=stall_timeout, on_stall=ns.on_stall)
     if cfg.virtual_local_rank:
         check_virtual_local_rank(cfg.nproc, env)
-    if cfg.log_dir_generated:
-        # Made last, so a rejected command line leaves no directory behind.
-        cfg = replace(cfg, log_dir=default_log_dir() / job_id)
-    return cfg
+    # Made last, so a rejected command line leaves no directory behind.
+    base = default_log_dir() if cfg.log_dir_generated else cfg.log_dir
+    if logs_specs is not None:  # the plugin makes its own run directory below the root
+        return replace(cfg, log_dir=base, logs_specs=logs_specs)
+    return replace(cfg, log_dir=run_log_dir(base, job_id))
 
 
 def default_log_dir() -> Path:
@@ -518,3 +611,18 @@ def default_log_dir() -> Path:
     except OSError as exc:
         raise UsageError(f"cannot create a log directory in the temporary directory "
                          f"({exc.strerror or exc}); set TMPDIR or pass --log-dir") from None
+
+
+def run_log_dir(base: Path, run_id: str) -> Path:
+    """``<base>/<run_id>_<random>``: torch's ``DefaultLogsSpecs`` layout, one new directory per
+    agent run, so agents sharing a host and a log directory never share a file.
+
+    ``base`` is the user's (created private if missing, as torchrun creates it); the run
+    directory is ``mkdtemp``'s: private, unpredictable and made atomically. Raises UsageError.
+    """
+    try:
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{run_id}_", dir=base))
+    except OSError as exc:
+        raise UsageError(f"--log-dir {str(base)!r}: cannot create the run's log directory "
+                         f"there ({exc.strerror or exc})") from None

@@ -40,13 +40,21 @@ import redis
 import redis.asyncio as aioredis
 
 from ..coordination import protocol
-from ..coordination.connection import explain_error, make_async_client, raise_if_cancelled
+from ..coordination.connection import (
+    RedisUnavailableError,
+    config_get_each,
+    explain_error,
+    make_async_client,
+    raise_if_cancelled,
+)
+from ..coordination.pressure import OOM, eviction_policy_warning
 from ..coordination.protocol import Command, CommandType, EventType, JobKeys
 from ..coordination.rendezvous import (
     RedisRendezvous,
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousError,
+    RendezvousOutOfMemoryError,
     RendezvousProgress,
     RendezvousResult,
 )
@@ -61,14 +69,28 @@ from .job_records import JobRecords
 from .logs import LogConfig, NodeLogs, make_logs_drop_marker, parse_std_spec
 from .loops import keep_running
 from .publisher import StreamPublisher
+from .retention import JobRetention
+from .stacks import StackCollector
+from .stall import Stall, StallWatch
 from .watchdog import Watchdog
-from .workers import GroupResult, RankAssignment, WorkerExit, WorkerGroup, WorkerSpec, WorkerState
+from .workers import (
+    GroupResult,
+    RankAssignment,
+    WorkerExit,
+    WorkerGroup,
+    WorkerSpec,
+    WorkerStartError,
+    WorkerState,
+)
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_OUTAGE = (redis.ConnectionError, redis.TimeoutError, OSError, RendezvousConnectionError)
+# OOM (maxmemory, noeviction): a refused write changed nothing and goes through once memory
+# is freed, like a write during an outage once Redis is back.
+_OUTAGE = (redis.ConnectionError, redis.TimeoutError, OSError, RendezvousConnectionError,
+           redis.OutOfMemoryError)
 
 _NEWER_ROUND = "another node opened a new round"
 
@@ -95,6 +117,7 @@ class Outcome(enum.Enum):
     STOP = "stop"  # a stop command
     CLOSED = "closed"  # the job ended elsewhere (failed or stopped)
     SIGNAL = "signal"  # the agent itself was signalled
+    STALLED = "stalled"  # no rank progressed for --stall-timeout, --on-stall restart|stop
 
 
 @dataclass
@@ -104,6 +127,22 @@ class _Round:
     restart_count: int
     started_ms: int
     world_size: int
+
+
+def _logs_specs_plugin(config: AgentConfig) -> Any:
+    """--logs-specs: the entry point's LogsSpecs, made as torchrun makes it (this imports
+    torch); None without the flag. A plugin that fails to load is one line, exit 1."""
+    if config.logs_specs is None:
+        return None
+    from ..coordination.torch_compat import LogsSpecsPlugin
+
+    try:
+        return LogsSpecsPlugin(config.logs_specs, str(config.log_dir), config.redirects,
+                               config.tee, set(config.local_ranks_filter)
+                               if config.local_ranks_filter is not None else None)
+    except Exception as exc:  # a third party's plugin may raise anything
+        raise WorkerStartError(f"--logs-specs {config.logs_specs}: cannot load it "
+                               f"({type(exc).__name__}: {exc})") from None
 
 
 class ElasticAgent:
@@ -121,6 +160,7 @@ class ElasticAgent:
         self.host = socket.gethostname()
         self.publisher = StreamPublisher(
             config.endpoint, make_drop_marker=make_logs_drop_marker(config.job_id, self.node_id))
+        OOM.count_dropped(lambda: self.publisher.stats().dropped_weight)
         self.events = EventSink(self.publisher, config.job_id, self.node_id,
                                 echo=sys.stderr if config.event_log_handler == "console" else None)
         self._client: aioredis.Redis = make_async_client(config.endpoint)
@@ -137,14 +177,30 @@ class ElasticAgent:
                        redis_url=config.endpoint.url, job_id=config.job_id,
                        log_dir=config.log_dir, shutdown_timeout=config.shutdown_timeout,
                        extra_env=config.extra_env, virtual_local_rank=config.virtual_local_rank,
-                       numa_binding=config.numa_binding, preload=config.preload),
+                       numa_binding=config.numa_binding, preload=config.preload,
+                       stack_signal=config.stack_signal,
+                       logs_specs=_logs_specs_plugin(config),
+                       signals_to_handle=",".join(signal.Signals(n).name
+                                                  for n in config.signals_to_handle)),
             logs=self.node_logs, on_exit=self._on_worker_exit)
+        #: Issue 13: the workers' Python stacks, on request and before any stop but success.
+        self.stacks = StackCollector(self.group, self._client, config.job_id, self.node_id,
+                                     self.host)
+        self._stack_tasks: set[asyncio.Task[None]] = set()
+        self._evidence: dict[str, Any] | None = None
         self.sampler = ResourceSampler(self._client, config.job_id, self.node_id)
         self.records = JobRecords(self._client, config.job_id, self.node_logs.stream_key)
+        self.retention = JobRetention(self._client, config.job_id, self.node_id,
+                                      config.retention_s)
         # Cut off from Redis, this node freezes its workers before others may take their ranks.
         self.fence = Fence(self.rdzv, self.group, config.rendezvous.heartbeat_timeout, self.say)
         self.watchdog = Watchdog.from_environ(self.events.emit, self.say).attach(self.group)
         self.health = HealthCheck.for_agent(self)
+        #: Issue 13: job-wide stall detection (stall.py); None with --stall-timeout 0.
+        self.stall = StallWatch(
+            self._client, self._reader, config.job_id, self.node_id, self.host,
+            config.stall_timeout, config.on_stall, self.node_logs.last_output, self.events.emit,
+        ) if config.stall_timeout > 0 else None
         self._round: _Round | None = None
         self._attempt = -1
         self._signal: asyncio.Future[int] | None = None
@@ -167,7 +223,8 @@ class ElasticAgent:
                 loop.add_signal_handler(sig, self._on_signal, sig)
         await self.publisher.start()
         background = [asyncio.create_task(self._read_commands(), name="commands"),
-                      asyncio.create_task(self.sampler.run(), name="resources")]
+                      asyncio.create_task(self.sampler.run(), name="resources"),
+                      asyncio.create_task(self.retention.run(), name="retention")]
         try:
             await self.watchdog.start()
             self.health.start()
@@ -182,7 +239,10 @@ class ElasticAgent:
             self.health.stop()
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.rdzv.shutdown)
-            await self.publisher.close(flush_timeout=5.0)
+            OOM.settle(await self.publisher.close(flush_timeout=5.0))
+            with contextlib.suppress(Exception):
+                # After this agent's last write, so what it wrote expires with the rest.
+                await asyncio.wait_for(self.retention.finish(), 10.0)
             await self._client.aclose()
             await self._reader.aclose()
             for sig in self.cfg.signals_to_handle:
@@ -196,6 +256,7 @@ class ElasticAgent:
             self._signal.set_result(sig)
 
     async def _main(self) -> int:
+        await self._warn_eviction_policy()
         await self._write_meta()
         self.events.emit(EventType.NODE_JOINED, host=self.host, addr=self.rdzv.local_addr,
                          pid=os.getpid(), nproc=self.cfg.nproc)
@@ -225,7 +286,7 @@ class ElasticAgent:
                 # A failure during an outage waits for Redis, up to the join timeout.
                 if time.monotonic() > deadline or self._signal_seen():
                     raise
-                if delay == 0.05:
+                if delay == 0.05 and not isinstance(exc, RendezvousOutOfMemoryError):
                     self.say(f"{exc}; retrying until Redis is back "
                              f"(up to {s.join_timeout:g} s)")
                 time.sleep(delay)  # this runs in the rendezvous thread: backoff between tries
@@ -242,11 +303,16 @@ class ElasticAgent:
         while True:
             raise_if_cancelled()
             try:
-                return await call()
+                value = await call()
+                OOM.accepted()
+                return value
             except _OUTAGE as exc:
+                oom = isinstance(exc, (redis.OutOfMemoryError, RendezvousOutOfMemoryError))
+                if isinstance(exc, redis.OutOfMemoryError):
+                    OOM.refused()  # which reports it, once for every writer
                 if time.monotonic() > deadline:
                     raise explain_error(exc, self.cfg.endpoint.display) from None
-                if delay == 0.05:
+                if delay == 0.05 and not oom:
                     self.say(f"Redis unreachable while {what}; retrying until it is back")
                 await asyncio.sleep(delay)  # backoff between reconnection attempts
                 delay = min(delay * 2, 1.0)
@@ -297,8 +363,9 @@ class ElasticAgent:
 
     # -- start ----------------------------------------------------------------------------
     async def _start(self, result: RendezvousResult) -> None:
-        # The round number is job-wide, so attempt_N directories never collide between
-        # agents sharing a host and a log directory.
+        # attempt_N is the rendezvous round, not torch's restart count: a restart command or
+        # a membership change (which torch does not count) gets a new directory instead of
+        # deleting the previous attempt's logs, as torch's DefaultLogsSpecs does (rmtree).
         self._attempt = result.round
         restarts = protocol.decode_counter(await self._redis(
             "reading the restart count", lambda: self._client.get(self.keys.restarts)),
@@ -376,10 +443,11 @@ class ElasticAgent:
         group = asyncio.ensure_future(self.group.wait())
         watch = asyncio.ensure_future(self._watch_membership())
         fence = asyncio.ensure_future(self.fence.watch(self._round.result.group_world_size))
+        stalled = asyncio.ensure_future(self._watch_stall())
         try:
             while True:
                 action = asyncio.ensure_future(self._actions.get())
-                done, _ = await asyncio.wait({group, watch, action, self._signal},
+                done, _ = await asyncio.wait({group, watch, action, self._signal, stalled},
                                              return_when=asyncio.FIRST_COMPLETED)
                 if action in done:
                     cmd = action.result()
@@ -396,10 +464,22 @@ class ElasticAgent:
                     if res.state == WorkerState.SUCCEEDED:
                         return Outcome.SUCCEEDED, res
                     return Outcome.FAILED, res
+                if stalled in done:
+                    return Outcome.STALLED, stalled.result()
                 return watch.result()
         finally:
-            for t in (group, watch, fence):
+            for t in (group, watch, fence, stalled):
                 t.cancel()
+
+    async def _watch_stall(self) -> Stall:
+        """Returns a stall this agent claimed and reported whose policy is restart or stop."""
+        if self.stall is None:
+            await asyncio.get_running_loop().create_future()  # off: never
+        assert self.stall is not None and self._round is not None
+        r = self._round
+        return await self.stall.watch(r.result.round, r.started_ms,
+                                      [n["node"] for n in r.result.info.nodes],
+                                      lambda: self.group.workers)
 
     def _restart_still_due(self, cmd: Command) -> bool:
         # A restart issued before the current round formed has been done already (another
@@ -464,6 +544,8 @@ class ElasticAgent:
             return await self._succeed()
         if outcome == Outcome.SIGNAL:
             return await self._leave_on_signal(int(detail))
+        if outcome == Outcome.STALLED:
+            return await self._on_stall(detail)
         await self._stop_workers(outcome.value)
         if outcome == Outcome.FAILED:
             return await self._on_failure(detail)
@@ -489,15 +571,22 @@ class ElasticAgent:
 
     async def _stop_workers(self, reason: str) -> None:
         ranks = [w.global_rank for w in self.group.workers]
+        # Evidence before the kill: whatever stops the workers, the survivors' stacks are
+        # captured first (2 s at most), so a restart never destroys where they were.
+        self._evidence = await self.stacks.evidence(f"stop-{self._attempt}")
+        extra = {"stacks": self._evidence} if self._evidence else {}
         self.fence.kill()  # frozen workers never run again: others may hold their ranks
         await self.group.stop()
         self.events.emit(EventType.WORKERS_STOPPED, ranks=ranks, reason=reason,
-                         attempt=self._attempt)
+                         attempt=self._attempt, **extra)
 
-    async def _on_failure(self, res: GroupResult) -> int | None:
-        assert self._round is not None
-        res = self.watchdog.explain_result(res)
-        rnd = self._round.result.round
+    def _restarts_shown(self) -> int:
+        """Restarts used, for people: the counter also counts the failure that found none
+        left (max + 1), which is no restart ("1/0 used" was a lie)."""
+        return min(self._restarts_used, self.cfg.max_restarts)
+
+    async def _claim_restart(self, rnd: int) -> tuple[bool, int]:
+        """Count the restart of round ``rnd``, once across the job: (claimed by us, used)."""
         try:
             claimed, used = await self._redis("counting the restart", lambda: self._client.eval(
                 _CLAIM_RESTART, 2, self.keys.restarts, self.keys.meta, rnd,
@@ -510,12 +599,44 @@ class ElasticAgent:
         self.records.note_restarts(used)
         self.records.note_meta({f"restart_claim:{rnd}": 1})
         self._restarts_used = used
+        return bool(claimed), used
+
+    async def _on_stall(self, stall: Stall) -> int | None:
+        """--on-stall restart or stop; the stall was reported already (stall.py)."""
+        assert self._round is not None
+        cause = {**stall.cause, "node": self.node_id}
+        self.root_cause = cause
+        self.say(f"{cause['message']} (--on-stall {self.cfg.on_stall})")
+        used = self._restarts_used
+        if self.cfg.on_stall == "restart":
+            claimed, used = await self._claim_restart(self._round.result.round)
+            if claimed and used <= self.cfg.max_restarts:
+                self.events.emit(EventType.RESTARTING, reason="stalled", detail=cause["message"],
+                                 restarts_used=used, max_restarts=self.cfg.max_restarts)
+        if self.cfg.on_stall == "stop" or used > self.cfg.max_restarts:
+            # The job ends before its workers do: the other nodes' workers fail once these
+            # are gone, and their agents must find the job over, not restart it.
+            await self._close_job("failed", cause=cause)
+            await self._stop_workers("stalled")
+            self.print_summary(cause, failed=True)
+            return 1
+        await self._stop_workers("stalled")
+        self.say(f"restarting the stalled worker group ({used}/{self.cfg.max_restarts} "
+                 "restarts used)")
+        return None
+
+    async def _on_failure(self, res: GroupResult) -> int | None:
+        assert self._round is not None
+        res = self.watchdog.explain_result(res)
+        rnd = self._round.result.round
+        claimed, used = await self._claim_restart(rnd)
         cause = await self._root_cause(res)
         self.root_cause = cause
         if claimed:
+            extra = {"stacks": self._evidence} if self._evidence else {}
             self.events.emit(EventType.GROUP_FAILED, root_cause=cause, round=rnd,
                              failures=[_failure_dict(e, self.node_id, self.host)
-                                       for e in res.failures])
+                                       for e in res.failures], **extra)
         if used > self.cfg.max_restarts:
             await self._close_job("failed", cause=cause)
             self.print_summary(cause, failed=True)
@@ -557,7 +678,8 @@ class ElasticAgent:
             cause["node"] = ev.node
             cause["server_ms"] = ev.server_ms
             cause["traceback"] = _traceback(d.get("error_file"))
-            cause["error_file_path"] = d.get("error_file_path", "")
+            # the path only when the worker wrote the file (torch: "<N/A>" otherwise)
+            cause["error_file_path"] = d.get("error_file_path", "") if d.get("error_file") else ""
             return cause
         return fallback
 
@@ -576,7 +698,13 @@ class ElasticAgent:
                 return None
             self.say(f"leaving the exit barrier ({outcome.value})")
             return await self._after(outcome, detail)
-        if await self._claim_final("succeeded"):
+        try:
+            won = await self._claim_final("succeeded")
+        except RedisUnavailableError as exc:
+            # The workers succeeded: that is the job's outcome, recorded or not.
+            self.say(f"the workers succeeded but the job's end could not be recorded: {exc}")
+            won = False
+        if won:
             self.events.emit(EventType.JOB_SUCCEEDED, restarts_used=self._restarts_used)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.rdzv.set_closed)
@@ -753,6 +881,13 @@ class ElasticAgent:
                 self._ack(cmd.id, "rejected", f"{type(exc).__name__}: {exc}")
 
     async def _handle_command(self, cmd: Command) -> None:
+        if cmd.type == CommandType.STACKS:
+            # Read-only and up to 2 s: answered beside the command loop, which stays free
+            # for a stop that comes meanwhile.
+            task = asyncio.create_task(self._answer_stacks(cmd), name="stacks")
+            self._stack_tasks.add(task)
+            task.add_done_callback(self._stack_tasks.discard)
+            return
         if cmd.type == CommandType.SIGNAL:
             # decode_command checked the types and the allow-list; the world is ours to know.
             rank, sig = cmd.args["rank"], cmd.args.get("signal", "SIGTERM")
@@ -771,9 +906,40 @@ class ElasticAgent:
         self._ack(cmd.id, "accepted", f"{cmd.type} from {cmd.issuer}")
         await self._actions.put(cmd)
 
+    async def _answer_stacks(self, cmd: Command) -> None:
+        """Publish the stacks of this node's workers (or of ``args.rank`` if it is here)
+        under the command's id, then ack it ``done``."""
+        rank = cmd.args.get("rank")
+        mine = {w.global_rank for w in self.group.workers}
+        if self._round is None or not mine:
+            self._ack(cmd.id, "done", "no workers on this node")
+            return
+        if rank is not None and rank not in mine:
+            self._ack(cmd.id, "done", f"rank {rank} is not on this node")
+            return
+        try:
+            found = await self.stacks.capture_local(ranks=None if rank is None else [rank])
+            await self.stacks.publish(cmd.id, found)
+        except (redis.RedisError, OSError) as exc:
+            self._ack(cmd.id, "rejected", f"stacks not published: {exc}")
+            return
+        answered = sum(1 for s in found if s.threads)
+        self._ack(cmd.id, "done", f"stacks of {answered} of {len(found)} ranks published")
+
     def _ack(self, command_id: str, status: str, reason: str) -> None:
         self.events.emit(EventType.COMMAND_ACK, command_id=command_id, status=status,
                          reason=reason, host=self.host)
+
+    async def _warn_eviction_policy(self) -> None:
+        """Once at start: an eviction policy may drop the keys a running job needs."""
+        try:
+            # Every primary of a cluster: each has its own policy.
+            replies = await config_get_each(self._client, "maxmemory*")
+        except (redis.RedisError, OSError):
+            return  # CONFIG is often refused to application users: nothing to say then
+        warning = next((w for w in map(eviction_policy_warning, replies) if w), None)
+        if warning:
+            self.say(f"warning: {warning}")
 
     async def _write_meta(self) -> None:
         settings = {"max_restarts": self.cfg.max_restarts, "nproc_per_node": self.cfg.nproc,
@@ -790,7 +956,7 @@ class ElasticAgent:
         bar = "=" * 64
         if not failed:
             lines = [bar, f"{script} succeeded: job {self.cfg.job_id}, "
-                     f"{self._restarts_used}/{self.cfg.max_restarts} restarts used"]
+                     f"{self._restarts_shown()}/{self.cfg.max_restarts} restarts used"]
             if cause:
                 lines.append(f"  recovered from: rank {cause.get('rank')} on {cause.get('host')}:"
                              f" {cause.get('message')}")
@@ -806,14 +972,13 @@ class ElasticAgent:
                 f"  exitcode  : {cause.get('exit_code')} (pid: {cause.get('pid')})",
                 f"  message   : {cause.get('message')}",
             ]
-            if cause.get("error_file_path"):
-                lines.append(f"  error_file: {cause['error_file_path']}")
+            lines.append(f"  error_file: {cause.get('error_file_path') or '<N/A>'}")
             if cause.get("traceback"):
                 lines.append("  traceback :")
                 lines += ["    " + t for t in str(cause["traceback"]).split("\n")]
         else:
             lines.append("  <unknown>")
-        lines += [f"  restarts  : {self._restarts_used}/{self.cfg.max_restarts} used", bar]
+        lines += [f"  restarts  : {self._restarts_shown()}/{self.cfg.max_restarts} used", bar]
         self._print_lines(lines)
 
     def _print_lines(self, lines: list[str]) -> None:
@@ -843,7 +1008,7 @@ def _failure_dict(e: WorkerExit, node: str, host: str) -> dict[str, Any]:
     return {"rank": e.global_rank, "local_rank": e.local_rank, "pid": e.pid,
             "exit_code": e.exit_code, "signal": e.signal, "message": e.message, "node": node,
             "host": host, "timestamp": e.timestamp, "traceback": _traceback(e.error_file),
-            "error_file_path": e.error_file_path}
+            "error_file_path": e.error_file_path if e.error_file else ""}
 
 
 def _traceback(error_file: Any) -> str | None:
@@ -901,6 +1066,11 @@ class _LeavableStore(RedisStore):
             with contextlib.suppress(StoreTimeoutError):
                 super().wait(keys, min(remaining, _BARRIER_SLICE_S))
                 return
+
+    def _pause(self, seconds: float) -> None:
+        # A write refused for lack of memory is retried; leaving the barrier ends that too.
+        if self._leave.wait(seconds):
+            raise _BarrierLeft
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 import redis
 import redis.asyncio as aioredis
 
+from ..coordination.pressure import OOM, is_oom
 from ..coordination.protocol import JOBS_INDEX, JobKeys
 
 log = logging.getLogger(__name__)
@@ -71,8 +72,12 @@ class JobRecords:
             was_there = bool(await self._script(
                 keys=[self._keys.meta, self._keys.restarts, self._keys.log_streams], args=args))
         except redis.ResponseError as exc:
+            if is_oom(exc):
+                OOM.refused()  # an outage, reported once per episode; the next call retries
+                return False
             log.warning("cannot put the job's records back: %s", exc)
             return False
+        OOM.accepted()
         lost = self._seen_registered and not was_there
         self._seen_registered = True
         if lost and self.created_ms is not None:

@@ -49,12 +49,13 @@ import os
 import re
 import stat
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntFlag
 from pathlib import Path
 from string import Template
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 from elastic_agent.coordination import protocol
 from elastic_agent.coordination.protocol import JobKeys, LogBatch
@@ -325,6 +326,51 @@ class LogConfig:
             raise ValueError("max_line_bytes must be at least 16")
 
 
+@dataclass(frozen=True)
+class StreamDestination:
+    """Where one stream of one worker goes when a --logs-specs plugin decides it: ``file``
+    (None: no file), the agent's terminal or not, with the tee prefix or not."""
+
+    file: Path | None
+    terminal: bool
+    prefixed: bool
+    filtered: Path | None = None  # the duplicate filters' file (torch's filtered_std*.log)
+
+
+@dataclass(frozen=True)
+class RankDestinations:
+    stdout: StreamDestination
+    stderr: StreamDestination
+
+
+def plugin_destinations(plan: Any, local_rank: int) -> RankDestinations:
+    """One local rank's destinations from a plugin's plan (``torch_compat.LogPlan``), read
+    as torch's ``PContext`` reads a ``LogsDest``: ``""`` is the agent's own stream, shown
+    unprefixed and kept in no file; a path is the file; a teed rank is also shown, with the
+    prefix. Redis gets every line whatever the plugin says."""
+
+    def one(paths: dict[int, str], tees: dict[int, str], filtered: str) -> StreamDestination:
+        path = paths.get(local_rank, "")
+        teed = local_rank in tees
+        return StreamDestination(file=Path(path) if path else None,
+                                 terminal=not path or teed, prefixed=teed,
+                                 filtered=Path(filtered) if filtered and teed else None)
+
+    return RankDestinations(one(plan.stdouts, plan.tee_stdouts, plan.filtered_stdout),
+                            one(plan.stderrs, plan.tee_stderrs, plan.filtered_stderr))
+
+
+def open_plugin_file(path: Path) -> int:
+    """A file a --logs-specs plugin named: its directory is the plugin's (made by its
+    ``reify``, with its modes), but the file itself is never opened through a symlink."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, LOG_FILE_MODE)
+    except OSError as exc:
+        raise LogPathError(f"cannot create the log file {path} that --logs-specs named: "
+                           f"{_reason(exc)}") from exc
+
+
 class NodeLogs:
     """The log pipeline of one node: shared settings, terminal, publisher and stream name.
 
@@ -353,6 +399,8 @@ class NodeLogs:
         self._stdout = stdout
         self._stderr = stderr
         self._filtered: dict[tuple[str, Path], _FilteredFile] = {}
+        #: global rank -> time.monotonic() of its newest output (stall detection, stall.py)
+        self.last_output: dict[int, float] = {}
 
     @property
     def stream_key(self) -> str:
@@ -369,7 +417,7 @@ class NodeLogs:
         return self._stderr
 
     def open_worker(self, *, directory: Path, role: str, rank: int, local_rank: int,
-                    attempt: int) -> WorkerLogs:
+                    attempt: int, destinations: RankDestinations | None = None) -> WorkerLogs:
         """Create the files of one worker in ``directory`` and return its sink.
 
         ``directory`` is made private if missing (its parent is taken as given); see
@@ -381,26 +429,30 @@ class NodeLogs:
             self.publisher.publish_command("SADD", self._streams_key, self._stream_key)
             self._registered = True
         return WorkerLogs(self, directory=directory, role=role, rank=rank,
-                          local_rank=local_rank, attempt=attempt)
+                          local_rank=local_rank, attempt=attempt, destinations=destinations)
 
-    def filtered_file(self, stream: str, attempt_dir: Path) -> _FilteredFile | None:
+    def filtered_file(self, stream: str, attempt_dir: Path,
+                      plugin_path: Path | None = None) -> _FilteredFile | None:
         """The attempt's ``filtered_stdout.log``/``filtered_stderr.log`` (torchrun's
         duplicate filters), shared by the node's workers; None without filters. The previous
         attempt's file is closed when the next one opens."""
         needles = self.config.duplicate_filters.get(stream)
         if needles is None:
             return None
-        key = (stream, attempt_dir)
+        key = (stream, plugin_path or attempt_dir)
         found = self._filtered.get(key)
         if found is None:
             for old in [k for k in self._filtered if k[0] == stream]:
                 self._filtered.pop(old).close()
             name = f"filtered_std{stream}.log"
-            dir_fd = open_private_dir(attempt_dir)
-            try:
-                fd = create_log_file(dir_fd, name, attempt_dir / name)
-            finally:
-                os.close(dir_fd)
+            if plugin_path is not None:
+                fd = open_plugin_file(plugin_path)
+            else:
+                dir_fd = open_private_dir(attempt_dir)
+                try:
+                    fd = create_log_file(dir_fd, name, attempt_dir / name)
+                finally:
+                    os.close(dir_fd)
             found = self._filtered[key] = _FilteredFile(fd, needles)
         return found
 
@@ -435,7 +487,8 @@ class WorkerLogs:
     """
 
     def __init__(self, node: NodeLogs, *, directory: Path, role: str, rank: int,
-                 local_rank: int, attempt: int) -> None:
+                 local_rank: int, attempt: int,
+                 destinations: RankDestinations | None = None) -> None:
         cfg = node.config
         self.directory = directory
         self.rank = rank
@@ -444,6 +497,16 @@ class WorkerLogs:
         visible = cfg.local_ranks_filter is None or local_rank in cfg.local_ranks_filter
         prefix = line_prefix(cfg.log_line_prefix_template, role, rank, local_rank).encode()
         self._streams: dict[str, _StreamLog] = {}
+        if destinations is not None:
+            self._open_planned(node, destinations, prefix)
+        else:
+            self._open_default(node, directory, prefix, visible)
+        self.drained = asyncio.Event()
+        self._last_output = node.last_output
+
+    def _open_default(self, node: NodeLogs, directory: Path, prefix: bytes,
+                      visible: bool) -> None:
+        cfg, rank, local_rank, attempt = node.config, self.rank, self.local_rank, self.attempt
         dir_fd = open_private_dir(directory)
         try:
             for name, bit, fname in ((protocol.STDOUT, Std.OUT, "stdout.log"),
@@ -467,7 +530,29 @@ class WorkerLogs:
             raise
         finally:
             os.close(dir_fd)
-        self.drained = asyncio.Event()
+
+    def _open_planned(self, node: NodeLogs, destinations: RankDestinations,
+                      prefix: bytes) -> None:
+        cfg = node.config
+        try:
+            for name, dest in ((protocol.STDOUT, destinations.stdout),
+                               (protocol.STDERR, destinations.stderr)):
+                shipper = None
+                if node.publisher is not None:
+                    shipper = _Shipper(node.publisher, node.stream_key, cfg, node.node_id,
+                                       self.rank, self.local_rank, self.attempt, name)
+                fd = open_plugin_file(dest.file) if dest.file is not None else None
+                filtered = (node.filtered_file(name, dest.filtered.parent, dest.filtered)
+                            if dest.filtered is not None else None)
+                self._streams[name] = _StreamLog(
+                    dest.file or Path(os.devnull), fd,
+                    node._writer(name) if dest.terminal else None,
+                    prefix if dest.prefixed else b"", shipper, cfg.max_line_bytes, filtered,
+                    prefix)
+        except BaseException:
+            for opened in self._streams.values():
+                opened.close()
+            raise
 
     @property
     def stdout_path(self) -> Path:
@@ -479,6 +564,7 @@ class WorkerLogs:
 
     def feed(self, stream: str, data: bytes) -> None:
         """Process one chunk of ``stream`` (``protocol.STDOUT`` or ``protocol.STDERR``)."""
+        self._last_output[self.rank] = time.monotonic()
         self._streams[stream].feed(data)
 
     def eof(self, stream: str) -> None:
@@ -496,7 +582,7 @@ class WorkerLogs:
 class _StreamLog:
     """One stream of one worker: raw file, terminal (optionally prefixed), Redis shipper."""
 
-    def __init__(self, path: Path, fd: int, writer: BinaryWriter | None, prefix: bytes,
+    def __init__(self, path: Path, fd: int | None, writer: BinaryWriter | None, prefix: bytes,
                  shipper: _Shipper | None, max_line_bytes: int,
                  filtered: _FilteredFile | None = None, filtered_prefix: bytes = b"") -> None:
         self.path = path
@@ -505,7 +591,8 @@ class _StreamLog:
         self._filter_tail = b""  # the unfinished line, for the filtered file
         self._filter_max = max(max_line_bytes, 1 << 20)
         # Unbuffered: each chunk is one write(2), so `tail -f` sees output as it comes.
-        self._file: IO[bytes] | None = open(fd, "wb", buffering=0)  # noqa: SIM115
+        self._file: IO[bytes] | None = (  # no file: a --logs-specs console-only stream
+            open(fd, "wb", buffering=0) if fd is not None else None)  # noqa: SIM115
         self._writer = writer
         self._prefix = prefix
         self._nl_prefix = b"\n" + prefix

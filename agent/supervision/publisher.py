@@ -10,6 +10,8 @@ invariants in DESIGN.md). So publishing is split in two:
   published (no tick while idle), and sends whatever accumulated while the previous pipeline
   was in flight as the next batch. When Redis is unreachable it keeps the batch, backs off
   (50 ms doubling to 1 s) and re-sends it, so records arrive in the order they were published.
+  Redis at ``maxmemory`` refusing writes (OOM) is the same outage: the batch is re-sent from
+  its first refused record on, and ``pressure.OOM`` reports the episode once for the process.
 
 The queue is bounded (records and bytes). On overflow the oldest *droppable* records go
 first; the gap they leave is reported by exactly one marker record per overflow episode,
@@ -43,6 +45,7 @@ from elastic_agent.coordination.connection import (
     raise_if_cancelled,
     redact,
 )
+from elastic_agent.coordination.pressure import OOM, is_oom
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,10 @@ _CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, socket.timeout,
 
 # A record's fixed cost in the byte budget (the Python objects around its strings).
 _RECORD_OVERHEAD = 200
+
+
+class _OutOfMemory(Exception):
+    """Redis refused part of a batch for lack of memory: ``_inflight`` holds what is left."""
 
 
 class DeferredPayload(Protocol):
@@ -200,6 +207,7 @@ class StreamPublisher:
         self._client: aioredis.Redis | None = None
         self._closed = False
         self._last_error = ""
+        self._overflow_warned = False  # the current overflow was reported (see _enforce_bounds)
 
     # -- publishing (synchronous, never blocks) -------------------------------------------
 
@@ -366,7 +374,10 @@ class StreamPublisher:
             if not q:
                 break
             rec = q.popleft()
-            if not self._episode_records:
+            if not self._episode_records and not self._overflow_warned and not OOM.active:
+                # Once per overflow, not per retry of its marker (an outage re-takes it);
+                # out of memory, the OOM report gives the count when it ends.
+                self._overflow_warned = True
                 log.warning("publish buffer full (%d records, %d bytes): dropping the oldest",
                             len(self._drop_q) + len(self._keep_q) + 1, self._bytes)
             self._bytes -= rec.size
@@ -499,6 +510,14 @@ class StreamPublisher:
                 self._requeue(self._inflight)
                 self._inflight = []
                 raise
+            except _OutOfMemory:
+                # An outage like any other, reported once per episode by OOM (not per batch).
+                self._retries += 1
+                self._requeue(self._inflight)
+                self._inflight = []
+                await asyncio.sleep(delay)  # the backoff itself: nothing signals free memory
+                delay = min(delay * 2, self._retry_cap)
+                continue
             except (*_CONNECTION_ERRORS, redis.RedisError) as exc:
                 self._retries += 1
                 self._on_send_error(exc)
@@ -515,6 +534,8 @@ class StreamPublisher:
             self._last_error = ""
             delay = self._retry_base
             self._inflight = []
+            if not self._episode_records:
+                self._overflow_warned = False
             self._notify_waiters()
 
     def _on_send_error(self, exc: BaseException) -> None:
@@ -529,7 +550,8 @@ class StreamPublisher:
         assert self._client is not None
         pipe = self._client.pipeline(transaction=False)
         sendable = []
-        for rec in batch:
+        where = []  # the batch index of each sendable record
+        for i, rec in enumerate(batch):
             if rec.fields is not None:
                 pipe.xadd(rec.key, rec.fields, maxlen=rec.maxlen or None,
                           approximate=True)
@@ -538,8 +560,19 @@ class StreamPublisher:
             else:
                 continue  # a marker with no factory: nothing to write
             sendable.append(rec)
+            where.append(i)
         results = await pipe.execute(raise_on_error=False) if sendable else []
         refused = weight = 0
+        oom_at = next((i for i, res in zip(where, results)
+                       if isinstance(res, Exception) and is_oom(res)), None)
+        if oom_at is not None:
+            # Everything from the first refusal on is sent again, in order (records after it
+            # that went through are written twice; readers drop them by seq).
+            OOM.refused()
+            results = results[:where.index(oom_at)]
+            sendable = sendable[:len(results)]
+        elif sendable:
+            OOM.accepted()
         for rec, res in zip(sendable, results):
             if isinstance(res, Exception):
                 if isinstance(res, _CONNECTION_ERRORS):
@@ -553,3 +586,6 @@ class StreamPublisher:
         self._errors += refused
         self._sent += len(sendable) - refused
         self._sent_weight += weight
+        if oom_at is not None:
+            self._inflight = batch[oom_at:]
+            raise _OutOfMemory

@@ -40,7 +40,7 @@ import socket
 import stat
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -49,8 +49,14 @@ from typing import Any
 import psutil
 
 from elastic_agent.coordination import protocol
-from elastic_agent.supervision import keeper, zygote
-from elastic_agent.supervision.logs import LogPathError, NodeLogs, WorkerLogs, open_private_dir
+from elastic_agent.supervision import keeper, stacks, zygote
+from elastic_agent.supervision.logs import (
+    LogPathError,
+    NodeLogs,
+    WorkerLogs,
+    open_private_dir,
+    plugin_destinations,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +89,9 @@ class WorkerSpec:
     """What to run on this node, and how (torch's ``WorkerSpec`` for one role).
 
     ``entrypoint`` is the full argv (e.g. ``[sys.executable, "-u", "train.py", *args]``).
-    ``log_dir`` already names the job (the agent chooses it); attempts go in
-    ``log_dir/attempt_<n>/<global_rank>/`` (global, so agents sharing a host and a log
-    directory never share a file). ``log_dir``'s parent is the user's; ``log_dir`` and
+    ``log_dir`` is the run's own directory (``<--log-dir>/<run_id>_<random>``, made by the
+    agent, never shared with another agent); attempts go in ``log_dir/attempt_<n>/<local_rank>/``
+    as in torch's ``DefaultLogsSpecs``. ``log_dir``'s parent is the user's; ``log_dir`` and
     everything below it are the agent's, private and checked (``logs.open_private_dir``).
     ``extra_env`` is added to every worker's
     environment before torchrun's variables (which win).
@@ -106,6 +112,13 @@ class WorkerSpec:
     numa_binding: str | None = None
     #: ``--preload``: modules a warm zygote imports; its workers are forked from it.
     preload: tuple[str, ...] = ()
+    #: torchrun's --signals-to-handle, which its launcher puts in the workers' environment.
+    signals_to_handle: str = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+    #: torchrun's --logs-specs: a ``torch_compat.LogsSpecsPlugin`` whose ``reify`` decides
+    #: each attempt's files and environment, instead of the layout below ``log_dir``.
+    logs_specs: Any = None
+    #: ``--stack-signal``: the signal Python workers dump their stacks on (None: off).
+    stack_signal: int | None = stacks.DEFAULT_SIGNAL
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
@@ -150,10 +163,9 @@ class RankAssignment:
 
 
 def error_file_path(spec: WorkerSpec, assignment: RankAssignment, local_rank: int) -> Path:
-    """``log_dir/attempt_<n>/<global_rank>/error.json``: torchrun's layout, keyed by the
-    global rank so two agents on one host never share a path (the stray scan relies on it)."""
-    return (spec.log_dir / f"attempt_{assignment.attempt}"
-            / str(assignment.global_rank(local_rank)) / "error.json")
+    """``log_dir/attempt_<n>/<local_rank>/error.json``: torch's ``DefaultLogsSpecs`` layout
+    (``log_dir`` is this agent's alone, so the stray scan's markers stay unique)."""
+    return spec.log_dir / f"attempt_{assignment.attempt}" / str(local_rank) / "error.json"
 
 
 def worker_env(spec: WorkerSpec, assignment: RankAssignment, local_rank: int,
@@ -187,9 +199,13 @@ def worker_env(spec: WorkerSpec, assignment: RankAssignment, local_rank: int,
         "TORCHELASTIC_USE_AGENT_STORE": str(spec.use_agent_store),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         "TORCHELASTIC_ERROR_FILE": str(error_file_path(spec, assignment, local_rank)),
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": spec.signals_to_handle,
         "ELASTIC_REDIS_URL": spec.redis_url,
         "ELASTIC_JOB_ID": spec.job_id,
     })
+    if _stacks_on(spec):
+        env.update(stacks.worker_vars(spec.stack_signal,
+                                      _stacks_fifo(spec, assignment, local_rank)))
     if spec.virtual_local_rank:
         # torch's LocalElasticAgent: each worker sees only its own GPU, as device 0.
         visible = (base_env if base_env is not None else os.environ).get("CUDA_VISIBLE_DEVICES")
@@ -201,12 +217,24 @@ def worker_env(spec: WorkerSpec, assignment: RankAssignment, local_rank: int,
 
 def worker_argv(spec: WorkerSpec, local_rank: int) -> list[str]:
     """The worker's command line: the entrypoint, wrapped in numactl by torch's own rules
-    under ``--numa-binding`` (torch imported only then)."""
+    under ``--numa-binding`` (torch imported only then); a Python worker is started through
+    the stack handler's bootstrap (:func:`.stacks.boot_argv`)."""
+    entrypoint = stacks.boot_argv(spec.entrypoint) if _stacks_on(spec) else spec.entrypoint
     if spec.numa_binding is None:
-        return list(spec.entrypoint)
+        return list(entrypoint)
     from ..coordination.torch_compat import numa_bound_argv
 
-    return numa_bound_argv(spec.entrypoint, local_rank, spec.numa_binding)
+    return numa_bound_argv(entrypoint, local_rank, spec.numa_binding)
+
+
+def _stacks_on(spec: WorkerSpec) -> bool:
+    return spec.stack_signal is not None and stacks.is_python_entrypoint(spec.entrypoint)
+
+
+def _stacks_fifo(spec: WorkerSpec, assignment: RankAssignment, local_rank: int) -> Path:
+    """The rank's stack FIFO, in the agent's private runtime directory (never in the log
+    tree, whose layout is torch's)."""
+    return stacks.fifo_path(f"{spec.log_dir}|{assignment.attempt}|{local_rank}")
 
 
 @dataclass(frozen=True)
@@ -271,7 +299,7 @@ class GroupResult:
 
 class _Worker:
     __slots__ = ("error_file", "exit", "exited", "global_rank", "local_rank", "logs", "pid",
-                 "pipe_inodes", "pipes")
+                 "pipe_inodes", "pipes", "stacks")
 
     def __init__(self, local_rank: int, global_rank: int, error_file: Path,
                  logs: WorkerLogs, exited: asyncio.Future[int]) -> None:
@@ -284,6 +312,7 @@ class _Worker:
         self.pid = 0
         self.pipes: list[asyncio.ReadTransport] = []
         self.pipe_inodes: set[int] = set()
+        self.stacks: stacks.StackPipe | None = None
 
 
 class _PipeProtocol(asyncio.Protocol):
@@ -396,6 +425,8 @@ class WorkerGroup:
         self.logs = logs or NodeLogs()
         self.on_exit = on_exit
         self._base_env = base_env
+        #: --logs-specs: the environments the plugin's reify left, by local rank.
+        self._plugin_envs: dict[int, dict[str, str]] = {}
         self.state = WorkerState.INIT
         self.assignment: RankAssignment | None = None
         self._workers: list[_Worker] = []
@@ -442,6 +473,7 @@ class WorkerGroup:
             worker = _Worker(local_rank, assignment.global_rank(local_rank), err, wlogs, exited)
             self._workers.append(worker)
             exited.add_done_callback(lambda fut, w=worker: self._on_exited(w, fut))
+            worker.stacks = await self._open_stacks(assignment, local_rank)
         self._keeper = await self._start_keeper(loop, assignment)
         for worker, started in zip(list(self._workers), self._keeper.started):
             result = await started
@@ -470,7 +502,8 @@ class WorkerGroup:
     def _launch_args(self, w: _Worker, assignment: RankAssignment
                      ) -> tuple[list[bytes], dict[bytes, bytes]]:
         """``w``'s argv and environment as the keeper takes them."""
-        env = worker_env(self.spec, assignment, w.local_rank, self._base_env)
+        env = self._plugin_envs.get(w.local_rank) or worker_env(
+            self.spec, assignment, w.local_rank, self._base_env)
         return ([os.fsencode(a) for a in worker_argv(self.spec, w.local_rank)],
                 {os.fsencode(k): os.fsencode(v) for k, v in env.items()})
 
@@ -610,6 +643,8 @@ class WorkerGroup:
         for unused in self._workers[worker.local_rank + 1:]:
             for pipe in unused.pipes:
                 pipe.close()
+            if unused.stacks is not None:
+                unused.stacks.close()
             unused.logs.close()
         del self._workers[worker.local_rank + 1:]
         worker.exited.set_result(-1)
@@ -623,6 +658,9 @@ class WorkerGroup:
         """Each local rank's error file path and open log sink; WorkerStartError if any
         cannot be made (the ones already open are closed)."""
         spec = self.spec
+        self._plugin_envs = {}
+        if spec.logs_specs is not None:
+            return self._prepare_plugin_logs(assignment)
         prepared: list[tuple[Path, WorkerLogs]] = []
         try:
             for local_rank in range(spec.nproc):
@@ -646,6 +684,39 @@ class WorkerGroup:
             for _, wlogs in prepared:
                 wlogs.close()
             raise WorkerStartError(str(exc)) from exc
+        return prepared
+
+    def _prepare_plugin_logs(self, assignment: RankAssignment) -> list[tuple[Path, WorkerLogs]]:
+        """--logs-specs: the plugin's ``reify`` sees every worker's environment (and may
+        change it, as torch's default sets the error file) and names each stream's file;
+        the workers get the environments it leaves."""
+        spec = self.spec
+        envs = {lr: worker_env(spec, assignment, lr, self._base_env) for lr in range(spec.nproc)}
+        try:
+            plan = spec.logs_specs.reify(envs)
+        except Exception as exc:  # a third party's plugin may raise anything
+            raise WorkerStartError(f"--logs-specs {spec.logs_specs.name}: its reify failed "
+                                   f"({type(exc).__name__}: {exc})") from None
+        prepared: list[tuple[Path, WorkerLogs]] = []
+        try:
+            for lr in range(spec.nproc):
+                err = Path(plan.error_files.get(lr) or envs[lr].get(
+                    "TORCHELASTIC_ERROR_FILE") or os.devnull)
+                envs[lr]["TORCHELASTIC_ERROR_FILE"] = "" if str(err) == os.devnull else str(err)
+                if str(err) != os.devnull:
+                    with contextlib.suppress(FileNotFoundError):
+                        if not err.is_symlink():
+                            err.unlink()  # a stale file would be read as this attempt's
+                wlogs = self.logs.open_worker(
+                    directory=err.parent, role=spec.role, rank=assignment.global_rank(lr),
+                    local_rank=lr, attempt=assignment.attempt,
+                    destinations=plugin_destinations(plan, lr))
+                prepared.append((err, wlogs))
+        except OSError as exc:
+            for _, wlogs in prepared:
+                wlogs.close()
+            raise WorkerStartError(str(exc)) from exc
+        self._plugin_envs = envs
         return prepared
 
     # -- exits ----------------------------------------------------------------------------
@@ -703,6 +774,35 @@ class WorkerGroup:
         if self._outcome is None:
             raise RuntimeError("the worker group was not started")
         return await asyncio.shield(self._outcome)
+
+    # -- stacks ---------------------------------------------------------------------------
+
+    async def _open_stacks(self, assignment: RankAssignment,
+                           local_rank: int) -> stacks.StackPipe | None:
+        """The rank's stack FIFO, read by the loop; None (no stacks, the worker still starts)
+        for a worker that is not Python or when it cannot be made."""
+        if not _stacks_on(self.spec):
+            return None
+        fifo = _stacks_fifo(self.spec, assignment, local_rank)
+        try:
+            fd = stacks.open_fifo(fifo, fifo.parent.parent)
+            return await stacks.StackPipe.connect(fd)
+        except (OSError, ValueError) as exc:
+            log.warning("no stacks for local rank %d (%s): %s", local_rank, fifo, exc)
+            return None
+
+    async def dump_stacks(self, ranks: Iterable[int] | None = None,
+                          timeout: float = stacks.ANSWER_TIMEOUT,
+                          live_only: bool = False) -> list[stacks.LocalDump]:
+        """Every worker's Python stacks (``ranks``: only those) of the current attempt, asked
+        at once, within ``timeout`` seconds (see :mod:`.stacks`)."""
+        wanted = None if ranks is None else set(ranks)
+        targets = [(w.global_rank, w.local_rank, w.pid, not w.exited.done(), w.stacks)
+                   for w in self._workers if wanted is None or w.global_rank in wanted]
+        if live_only:
+            targets = [t for t in targets if t[3] and t[2]]
+        signum = self.spec.stack_signal if _stacks_on(self.spec) else None
+        return await stacks.dump_workers(targets, signum, timeout)
 
     # -- signals and stop -----------------------------------------------------------------
 
@@ -764,6 +864,12 @@ class WorkerGroup:
         self._signal_all(signal.SIGKILL, late)
         await self._wait_gone(late, KILL_WAIT)
         await self._drain()
+        for w in self._workers:
+            if w.stacks is not None:
+                w.stacks.close()
+                if self.assignment is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(_stacks_fifo(self.spec, self.assignment, w.local_rank))
         await self._close_keeper()
 
     async def _close_keeper(self) -> None:

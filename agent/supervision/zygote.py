@@ -27,6 +27,12 @@ random) is the zygote's, shared by all forked workers; modules the preload impor
 already in ``sys.modules``; ``random`` is reseeded after the fork by Python itself and
 ``numpy.random`` here.
 
+The exec path (no ``--preload``) runs its Python workers through this file too, as
+``python -u zygote.py --worker SCRIPT|-m MODULE|-c CODE ARGS``: the same :func:`_run_worker`,
+without the preload, so both paths register the stack handler (:func:`arm_stacks`, issue 13)
+before any user code and then run it as ``python -u`` would (``sys.orig_argv`` without the
+bootstrap; its frames left out of tracebacks).
+
 Safety, checked before every fork (:func:`fork_hazard`): no Python thread besides the main
 one, CUDA not initialised, and every environment variable read at interpreter start-up or by
 the preloaded modules' import (anything but the launcher's per-rank variables) equal to the
@@ -58,7 +64,13 @@ LAUNCHER_VARS = frozenset({
     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
     "TORCHELASTIC_ERROR_FILE", "ELASTIC_REDIS_URL", "ELASTIC_JOB_ID", "CUDA_VISIBLE_DEVICES",
+    "ELASTIC_STACKS", "TORCHELASTIC_SIGNALS_TO_HANDLE",
 })
+#: ``SIGNUM:FIFO``: where a worker's stack handler writes (see supervision/stacks.py).
+STACKS_ENV = "ELASTIC_STACKS"
+#: ``python -u zygote.py --worker SCRIPT|-m MODULE|-c CODE ARGS``: the exec path's worker,
+#: started through the same code as a forked one (:func:`_run_worker`), minus the preload.
+WORKER_FLAG = "--worker"
 _MAX_REQUEST = 64 << 20
 _MAX_FDS = 4096
 _HERE = __file__
@@ -184,12 +196,48 @@ class Zygote:
         return hazard is None
 
 
+def arm_stacks(env: Mapping[str, str]) -> None:
+    """Register faulthandler on the agent's stack signal, writing to the rank's FIFO (see
+    supervision/stacks.py), before any user code. Never fails the worker: without the
+    variable, or without a FIFO the agent holds open, the worker runs without it."""
+    signum, _, path = env.get(STACKS_ENV, "").partition(":")
+    if not signum.isdigit() or not path:
+        return
+    try:  # non-blocking: a FIFO without its reader fails (ENXIO) instead of waiting
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        if os.fstat(fd).st_mode & 0o170000 != 0o010000:  # S_ISFIFO, without importing stat
+            raise OSError("not a FIFO")
+        os.set_blocking(fd, True)  # a dump waits for the reader rather than losing its tail
+        import faulthandler
+
+        faulthandler.register(int(signum), file=fd, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError):
+        os.close(fd)
+
+
+def worker_recipe(args: Sequence[str]) -> tuple[str, str, list[str]]:
+    """``--worker``'s arguments -> what :func:`_become` runs."""
+    if args[0] in ("-m", "-c"):
+        return ("module" if args[0] == "-m" else "code", args[1], list(args[2:]))
+    return ("file", args[0], list(args[1:]))
+
+
+def _unwrapped(argv: list[str]) -> list[str]:
+    """``sys.orig_argv`` as ``python -u SCRIPT`` would have it: without the bootstrap."""
+    if len(argv) > 3 and argv[3] == WORKER_FLAG and os.path.basename(argv[2]) == "zygote.py":
+        return [*argv[:2], *argv[4:]]
+    return argv
+
+
 def _become(exc: BecomeWorker) -> None:
     """Run the worker in this (forked) process, as ``python -u`` would."""
     kind, target, args = exc.how
     os.environ.clear()
     os.environ.update(exc.env)
-    sys.orig_argv = exc.orig_argv
+    sys.orig_argv = _unwrapped(exc.orig_argv)
     nprandom = sys.modules.get("numpy.random")
     if nprandom is not None:
         nprandom.seed()
@@ -200,6 +248,16 @@ def _become(exc: BecomeWorker) -> None:
         sys.argv = ["-m", *args]
         sys.path[0] = os.getcwd()
         runpy._run_module_as_main(target, alter_argv=True)  # what `python -m` calls
+        return
+    if kind == "code":  # `python -c CODE ARGS` (torchrun's --run-path bootstrap)
+        import types
+
+        sys.argv = ["-c", *args]
+        sys.path[0] = ""
+        main = types.ModuleType("__main__")
+        main.__dict__.update(__builtins__=__builtins__)
+        sys.modules["__main__"] = main
+        exec(compile(target, "<string>", "exec", dont_inherit=True), main.__dict__)
         return
     sys.argv = [target, *args]
     path = os.path.abspath(target)
@@ -224,6 +282,7 @@ def _become(exc: BecomeWorker) -> None:
 
 
 def _run_worker(exc: BecomeWorker) -> None:
+    arm_stacks(exc.env)
     try:
         _become(exc)
     except (SystemExit, KeyboardInterrupt):
@@ -262,12 +321,15 @@ def _serve(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     _child: BecomeWorker | None = None
-    try:
-        _code = _serve(sys.argv)
-    except BecomeWorker as _become_exc:  # a forked child: the keeper's stack is gone
-        _child = _become_exc
-    if _child is None:
-        sys.stderr.flush()
-        os._exit(_code)
+    if sys.argv[1:2] == [WORKER_FLAG] and len(sys.argv) > 2:  # the exec path's worker
+        _child = BecomeWorker(worker_recipe(sys.argv[2:]), dict(os.environ), sys.orig_argv)
+    else:
+        try:
+            _code = _serve(sys.argv)
+        except BecomeWorker as _become_exc:  # a forked child: the keeper's stack is gone
+            _child = _become_exc
+        if _child is None:
+            sys.stderr.flush()
+            os._exit(_code)
     # Outside the except clause, so the worker's own exceptions chain to nothing of ours.
     _run_worker(_child)

@@ -45,6 +45,8 @@ RANK_STATE_STYLES: dict[str, Style] = {
     "failed": Style(color="red", bold=True),
     "exited": Style(dim=True),
     "stopped": Style(color="yellow"),
+    "stalled": Style(color="magenta", bold=True),  # the odd ranks of a stall
+    "waiting": Style(color="magenta"),  # the ranks of a stall waiting for them
 }
 
 

@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.color import Color
 from textual.widgets import Static
 
+from ..formatting import fmt_age
 from ..state import JobView
 from .common import JOB_STATE_STYLES, safe_text
 
@@ -60,6 +61,8 @@ class JobHeader(Static):
         t.append(_q(view.world_size), _VALUE)
         t.append("   restarts ", _LABEL)
         t.append(f"{view.restarts_used}/{_q(view.max_restarts)}", _VALUE)
+        if view.expires_in_ms is not None and (view.is_final or view.state == "lost"):
+            t.append(f"   expires in {fmt_age(view.expires_in_ms / 1000)}", _LABEL)
         if view.lines_dropped:
             t.append(f"   {view.lines_dropped} log lines dropped", Style(color="yellow"))
         if view.skipped:

@@ -66,7 +66,8 @@ PAD = 1
 #: Where each column starts (cells from the left edge), and the full row width.
 _STARTS = (0, *accumulate(w + 2 * PAD for _, _, w, _ in COLUMNS))
 ROW_WIDTH = _STARTS[-1]
-_STATE_ORDER = {"failed": 0, "restarting": 1, "stopped": 2, "running": 3, "exited": 4}
+_STATE_ORDER = {"failed": 0, "stalled": 1, "restarting": 2, "waiting": 3, "stopped": 4,
+                "running": 5, "exited": 6}
 _EXIT_BAD = Style(color="red")
 _DIM = Style(dim=True)
 _NO_STYLE = Style()

@@ -37,6 +37,8 @@ KIND_STYLES: dict[str, tuple[str, Style]] = {
     "command": ("➜", Style(color="magenta", bold=True)),
     "job": ("■", Style(bold=True)),
     "logs": ("!", Style(color="yellow")),
+    "stalled": ("‖", Style(color="magenta", bold=True)),
+    "watchdog": ("◷", Style(color="yellow", bold=True)),  # worker_timer_expired
 }
 _LABELS = {"group_failed": "root cause", "rendezvous": "round"}
 _TIME = Style(dim=True)

@@ -1,0 +1,178 @@
+"""Ask a job for its ranks' Python stacks and collect the agents' replies (issue 13).
+
+:func:`request_stacks` appends a ``stacks`` command; every agent captures its live workers
+(faulthandler, see supervision/stacks.py) and publishes one entry per rank on
+``JobKeys.stacks`` with the command's id as ``request``, then acks the command ``done``.
+:func:`read_stack_replies` reads them back (also for captures an agent made on its own, such
+as the evidence taken before a stop, by their capture id). Both the console and the agents use
+these; every entry goes through ``protocol.decode_stack_reply`` (bounded, guarded).
+
+The ranks expected are those of the job's current round (``rdzv:round``). Reading stops when
+every one answered, when every agent of the round acked the command (a rank that an agent
+did not answer for will not come), or at the timeout; a rank without a reply is returned with
+an error, never left out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .protocol import (
+    COMMANDS_MAXLEN,
+    Command,
+    CommandType,
+    EventType,
+    JobKeys,
+    ProtocolError,
+    RoundInfo,
+    StackReply,
+    decode_event,
+    decode_stack_reply,
+    encode_command,
+    is_request_id,
+)
+from .stack_dumps import RankStack, parse_faulthandler
+
+#: Entries per XREAD; a reply is one rank.
+READ_COUNT = 1000
+#: The longest single block (the client's socket timeout must be longer).
+BLOCK_MS = 1000
+
+
+def rank_stack(reply: StackReply) -> RankStack:
+    """A decoded reply as the grouping takes it (its text parsed)."""
+    if reply.error or not reply.text:
+        return RankStack(reply.rank, reply.node, reply.host, reply.pid, (),
+                         reply.error or "no Python stacks in the reply")
+    threads = parse_faulthandler(reply.text)
+    if not threads:
+        return RankStack(reply.rank, reply.node, reply.host, reply.pid, (),
+                         "the reply holds no readable stack")
+    return RankStack(reply.rank, reply.node, reply.host, reply.pid, threads)
+
+
+async def current_round(client: Any, job_id: str) -> RoundInfo | None:
+    """The job's last completed rendezvous round, or None (no round, or an unreadable one)."""
+    raw = await client.get(JobKeys(job_id).rdzv_round_info)
+    if not raw:
+        return None
+    try:
+        return RoundInfo.decode(raw)
+    except (ProtocolError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _hosts_by_rank(info: RoundInfo | None) -> dict[int, tuple[str, str]]:
+    """global rank -> (node, host) from the round's placement (nodes in group-rank order)."""
+    out: dict[int, tuple[str, str]] = {}
+    if info is None:
+        return out
+    base = 0
+    for n in info.nodes:
+        nproc = int(n.get("nproc", 0))
+        for r in range(base, min(base + nproc, base + 1_000_000)):
+            out[r] = (str(n.get("node", "")), str(n.get("host", "")))
+        base += nproc
+    return out
+
+
+def _s(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+async def read_stack_replies(client: Any, job_id: str, request_id: str,
+                             expected_ranks: Iterable[int] | None, timeout: float, *,
+                             since: str = "0-0", events_since: str | None = None,
+                             info: RoundInfo | None = None,
+                             expected_nodes: Iterable[str] | None = None,
+                             on_reply: Callable[[int, int], None] | None = None,
+                             ) -> list[RankStack]:
+    """The replies to ``request_id`` on the job's stacks stream after ``since``, one per rank,
+    by rank, until every rank of ``expected_ranks`` (None: the current round's) answered, every
+    node of ``expected_nodes`` acked the command (acks read after ``events_since``), or
+    ``timeout`` seconds passed. A rank without a reply gets an error.
+    ``on_reply(answered, expected)`` follows the progress. ``client`` must block longer than
+    ``BLOCK_MS`` (a reader client)."""
+    if not is_request_id(request_id):
+        raise ValueError(f"{request_id!r} is not a stack request id")
+    keys = JobKeys(job_id)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max(0.0, timeout)
+    if info is None:
+        info = await current_round(client, job_id)
+    placement = _hosts_by_rank(info)
+    if expected_ranks is None:
+        wanted = set(range(info.total_workers)) if info is not None else set()
+    else:
+        wanted = set(expected_ranks)
+    nodes = set(expected_nodes) if expected_nodes is not None else set()
+    got: dict[int, RankStack] = {}
+    acked: set[str] = set()
+    streams = {keys.stacks: since}
+    if nodes:  # each stream has its own ids: the events are read from their own present
+        streams[keys.events] = events_since or since
+
+    def take(key: str, entries: list[Any]) -> None:
+        for entry_id, fields in entries:
+            streams[key] = _s(entry_id)
+            if key == keys.events:
+                ev = decode_event(entry_id, fields)
+                if (ev is not None and ev.type == EventType.COMMAND_ACK
+                        and ev.data.get("command_id") == request_id and ev.node in nodes):
+                    acked.add(ev.node)
+                continue
+            reply = decode_stack_reply(entry_id, fields)
+            if reply is None or reply.request != request_id or reply.rank in got:
+                continue
+            if wanted and reply.rank not in wanted:
+                continue
+            got[reply.rank] = rank_stack(reply)
+            if on_reply is not None:
+                on_reply(len(got), len(wanted))
+
+    while not (wanted and wanted <= got.keys()) and not (nodes and nodes <= acked):
+        left = deadline - loop.time()
+        if left <= 0:
+            break
+        reply = await client.xread(streams, count=READ_COUNT,
+                                   block=max(1, min(BLOCK_MS, int(left * 1000))))
+        for key, entries in reply or ():
+            take(_s(key), entries)
+    if nodes and nodes <= acked:
+        # The acks came: replies published before them may still be in this batch's tail.
+        reply = await client.xread({keys.stacks: streams[keys.stacks]}, count=READ_COUNT)
+        for key, entries in reply or ():
+            take(_s(key), entries)
+    for rank in sorted(wanted - got.keys()):
+        node, host = placement.get(rank, ("", ""))
+        why = ("its agent answered without it" if node and node in acked
+               else f"no answer within {timeout:g} s")
+        got[rank] = RankStack(rank, node, host, 0, (), why)
+    return [got[r] for r in sorted(got)]
+
+
+async def request_stacks(client: Any, job_id: str, issuer: str, rank: int | None = None,
+                         timeout: float = 10.0,
+                         on_reply: Callable[[int, int], None] | None = None,
+                         ) -> tuple[str, list[RankStack]]:
+    """Send a ``stacks`` command (for one ``rank``, or every rank) and collect the replies:
+    ``(request_id, stacks by rank)``. Raises redis errors and OSError for the caller to word."""
+    keys = JobKeys(job_id)
+    info = await current_round(client, job_id)
+    newest = await client.xrevrange(keys.stacks, count=1)
+    since = _s(newest[0][0]) if newest else "0-0"
+    newest_event = await client.xrevrange(keys.events, count=1)
+    since_event = _s(newest_event[0][0]) if newest_event else "0-0"
+    request_id = f"c-{uuid.uuid4().hex[:12]}"
+    args = {} if rank is None else {"rank": rank}
+    await client.xadd(keys.commands, encode_command(Command(
+        request_id, CommandType.STACKS, issuer, args=args)),
+        maxlen=COMMANDS_MAXLEN, approximate=True)
+    nodes = [str(n["node"]) for n in info.nodes] if info is not None else None
+    stacks = await read_stack_replies(
+        client, job_id, request_id, None if rank is None else [rank], timeout, since=since,
+        events_since=since_event, info=info, expected_nodes=nodes, on_reply=on_reply)
+    return request_id, stacks

@@ -1,0 +1,353 @@
+"""Every worker's Python stacks on demand, without root or ptrace.
+
+How: every Python worker registers ``faulthandler.register(SIG, fd, all_threads=True,
+chain=False)`` before any user code (:func:`.zygote.arm_stacks`, run by both launch paths:
+the exec path starts ``python -u zygote.py --worker SCRIPT|-m MODULE|-c CODE ARGS``, which
+reproduces ``python -u`` as a forked ``--preload`` worker does). On a request the agent sends
+SIG to the worker's pid; faulthandler's C handler writes every thread's stack to the fd from
+the signal handler itself: no GIL, no Python code in the worker, so a worker deadlocked or
+stuck in a C call that holds the GIL answers too. Nothing is attached with ptrace (no
+CAP_SYS_PTRACE, any ``kernel.yama.ptrace_scope``); the user's program is not changed.
+
+SIG (``--stack-signal``, default ``SIGRTMIN+4``) is a real-time signal: none of torchrun's
+(SIGTERM, SIGINT, SIGHUP, SIGQUIT), nor SIGUSR1/SIGUSR2 that programs and SLURM use. A
+real-time signal's default action is to terminate, so the agent sends it only to a worker
+whose ``/proc/PID/status`` says it catches it (``SigCgt``): a worker still starting, one that
+exec'd another program, or a ``--no-python`` one is not signalled.
+
+The fd: a FIFO per rank in the agent process's private runtime directory (:func:`runtime_dir`,
+``mkdtemp``: only the agent's user may enter it; not in the log tree, which is torch's layout),
+named to the worker by one variable, ``ELASTIC_STACKS=SIG:PATH``.
+The agent creates it and holds it open read-write before the worker starts, and reads it with
+the event loop (``connect_read_pipe``): no file to poll, nothing left on disk that grows, and
+no change to the keeper's descriptor passing (a FIFO is found by path, by an exec'd worker and
+a forked one alike). The worker opens it non-blocking (a missing reader cannot hang it), then
+blocking, so that no dump is cut short by a full pipe while the agent reads. Bytes that arrive
+when no capture is waiting are read and dropped, so a worker can never block on it.
+
+A dump has no end marker. It is written by one run of the signal handler, so it is complete
+once a whole line was followed by :data:`QUIET_S` of silence; the whole capture is bounded
+(:data:`ANSWER_TIMEOUT`, 2 s) and ranks are asked concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import shutil
+import signal
+import stat
+import sys
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from ..coordination import protocol
+from ..coordination.stack_dumps import (
+    Frame,
+    RankStack,
+    ThreadStack,
+    group_record,
+    group_stacks,
+    parse_faulthandler,
+    render_faulthandler,
+)
+from . import zygote
+from .logs import open_private_dir
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SIGNAL = signal.SIGRTMIN + 4
+STACKS_ENV = zygote.STACKS_ENV
+FIFO_NAME = "stacks.fifo"
+#: How long ranks have to answer a request (they are asked all at once).
+ANSWER_TIMEOUT = 2.0
+#: Silence after a whole line that ends a dump (one signal handler run writes it all).
+QUIET_S = 0.1
+#: Groups an event carries (the rest are on the stacks stream under its request id).
+EVENT_GROUPS = 20
+#: Signals a stack signal must never be: torchrun's own, and the user signals others use.
+RESERVED = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
+                      signal.SIGUSR1, signal.SIGUSR2})
+
+NOT_PYTHON = "not a Python worker (--no-python)"
+NOT_RUNNING = "worker not running"
+NO_HANDLER = "no stack handler (the worker is still starting, or replaced its program)"
+
+_ZYGOTE_FILE = os.path.abspath(zygote.__file__)
+_RT_RE = re.compile(r"(?:SIG)?RT(MIN|MAX)(?:([+-])(\d{1,2}))?")
+
+
+def parse_stack_signal(value: str) -> int | None:
+    """``--stack-signal``: ``SIGRTMIN+N``, ``SIGRTMAX-N``, ``RTMIN+N`` or a number, a real-time
+    signal; ``off`` (or ``0``) disables stacks. ValueError with a one-line reason otherwise."""
+    text = value.strip().upper()
+    if text in ("OFF", "NONE", "0"):
+        return None
+    m = _RT_RE.fullmatch(text)
+    if m is not None:
+        base = signal.SIGRTMIN if m.group(1) == "MIN" else signal.SIGRTMAX
+        n = int(m.group(3) or 0)
+        signum = base + n if m.group(2) == "+" else base - n
+    elif text.isdigit() and len(text) < 4:
+        signum = int(text)
+    else:
+        raise ValueError(f"{value!r} is not a signal: use SIGRTMIN+N, SIGRTMAX-N, a number "
+                         "or off")
+    if signum in RESERVED or not signal.SIGRTMIN <= signum <= signal.SIGRTMAX:
+        raise ValueError(f"{value!r} is not a real-time signal (SIGRTMIN={int(signal.SIGRTMIN)}"
+                         f"..SIGRTMAX={int(signal.SIGRTMAX)}); torchrun's signals and "
+                         "SIGUSR1/2 are the job's")
+    return int(signum)
+
+
+# -- the worker's launch -------------------------------------------------------------------
+
+def is_python_entrypoint(entrypoint: Sequence[str]) -> bool:
+    """An entrypoint the bootstrap can run: ``[sys.executable, "-u", SCRIPT|-m M|-c C, ...]``
+    (what ``elastic-agent`` builds for a Python worker; never with ``--no-python``)."""
+    argv = list(entrypoint)
+    return len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-u" and (
+        (argv[2] in ("-m", "-c") and len(argv) >= 4) or not argv[2].startswith("-"))
+
+
+def boot_argv(entrypoint: Sequence[str]) -> list[str]:
+    """The exec path's argv: the same worker, started through the zygote's ``--worker``
+    bootstrap (registers the stack handler, then runs the script as ``python -u`` would)."""
+    argv = list(entrypoint)
+    return [argv[0], "-u", _ZYGOTE_FILE, zygote.WORKER_FLAG, *argv[2:]]
+
+
+_RUNTIME_DIR: Path | None = None
+
+
+def runtime_dir() -> Path:
+    """This agent process's private directory for its workers' stack FIFOs (``mkdtemp``: new,
+    0700, unpredictable; removed at exit). Not the log tree: that is torch's layout, which a
+    test compares file by file with torchrun's, and a --logs-specs plugin may put anywhere."""
+    global _RUNTIME_DIR
+    if _RUNTIME_DIR is None or not _RUNTIME_DIR.is_dir():
+        _RUNTIME_DIR = Path(tempfile.mkdtemp(prefix="elastic-agent-stacks-"))
+        atexit.register(shutil.rmtree, _RUNTIME_DIR, ignore_errors=True)
+    return _RUNTIME_DIR
+
+
+def fifo_path(key: str) -> Path:
+    """The FIFO of the worker named by ``key`` (run directory, attempt, local rank)."""
+    return runtime_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.{FIFO_NAME}"
+
+
+def worker_vars(signum: int, fifo: Path) -> dict[str, str]:
+    """The one variable of ours in a Python worker's environment."""
+    return {STACKS_ENV: f"{signum}:{fifo}"}
+
+
+def open_fifo(fifo: Path, base: Path) -> int:
+    """Make ``fifo`` anew (a stale one of an earlier run is replaced) in its private directory
+    and return a non-blocking read-write descriptor of it: held open, so the worker's open
+    never waits and the agent never sees EOF between dumps. Raises OSError."""
+    dir_fd = open_private_dir(fifo.parent, base=base)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(fifo.name, dir_fd=dir_fd)
+        os.mkfifo(fifo.name, 0o600, dir_fd=dir_fd)
+        fd = os.open(fifo.name, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{fifo} is not a FIFO")
+    return fd
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (``SigCgt`` in its status)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read(8192)
+    except OSError:
+        return False
+    m = re.search(rb"^SigCgt:\s*([0-9a-fA-F]{1,64})$", status, re.MULTILINE)
+    return m is not None and bool(int(m.group(1), 16) >> (signum - 1) & 1)
+
+
+# -- reading dumps ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LocalDump:
+    """What one local worker answered: faulthandler text, or why there is none."""
+
+    rank: int
+    local_rank: int
+    pid: int
+    text: str = ""
+    truncated: bool = False
+    error: str = ""
+
+
+class StackPipe(asyncio.Protocol):
+    """The agent's end of one worker's FIFO. Bytes are kept only while a dump is awaited."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.ReadTransport | None = None
+        self._buf: bytearray | None = None
+        self._cut = False
+        self._got = asyncio.Event()
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def connect(cls, fd: int) -> StackPipe:
+        pipe = cls()
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_read_pipe(lambda: pipe, open(fd, "rb", buffering=0))  # noqa: SIM115
+        except BaseException:
+            os.close(fd)
+            raise
+        return pipe
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        if buf is None:
+            return  # nobody asked: dropped, so the worker never blocks on a full pipe
+        room = protocol.MAX_STACK_TEXT_BYTES - len(buf)
+        if len(data) > room:
+            self._cut = True
+        buf += data[:max(0, room)]
+        self._got.set()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    async def dump(self, pid: int, signum: int, timeout: float) -> tuple[str, bool, str]:
+        """Signal ``pid`` and read its dump: ``(text, truncated, error)``."""
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            self._buf, self._cut = bytearray(), False
+            try:
+                os.kill(pid, signum)
+            except OSError:
+                self._buf = None
+                return "", False, NOT_RUNNING
+            try:
+                while (left := deadline - loop.time()) > 0:
+                    self._got.clear()
+                    try:
+                        await asyncio.wait_for(self._got.wait(),
+                                               min(left, QUIET_S) if self._buf else left)
+                    except asyncio.TimeoutError:
+                        if self._buf and self._buf.endswith(b"\n"):
+                            break  # a whole line, then silence: the handler has returned
+                buf, cut = self._buf, self._cut
+            finally:
+                self._buf = None
+            if not buf:
+                return "", False, f"no answer within {timeout:g} s"
+            return (buf.decode("utf-8", "replace"), cut or not buf.endswith(b"\n"), "")
+
+
+async def dump_workers(targets: Iterable[tuple[int, int, int, bool, StackPipe | None]],
+                       signum: int | None, timeout: float = ANSWER_TIMEOUT) -> list[LocalDump]:
+    """Ask every ``(rank, local_rank, pid, alive, pipe)`` at once; one :class:`LocalDump` each,
+    by rank. ``pipe`` None: not a Python worker this agent can ask."""
+    async def one(rank: int, local_rank: int, pid: int, alive: bool,
+                  pipe: StackPipe | None) -> LocalDump:
+        if pipe is None or signum is None:
+            return LocalDump(rank, local_rank, pid, error=NOT_PYTHON)
+        if not alive or not pid:
+            return LocalDump(rank, local_rank, pid, error=NOT_RUNNING)
+        if not catches(pid, signum):
+            return LocalDump(rank, local_rank, pid, error=NO_HANDLER)
+        text, cut, error = await pipe.dump(pid, signum, timeout)
+        return LocalDump(rank, local_rank, pid, text, cut, error)
+
+    dumps = await asyncio.gather(*(one(*t) for t in targets))
+    return sorted(dumps, key=lambda d: d.rank)
+
+
+# -- the agent's collector -------------------------------------------------------------------
+
+def _ours(frame: Frame) -> bool:
+    return frame.file == _ZYGOTE_FILE
+
+
+def to_rank_stack(dump: LocalDump, node: str, host: str) -> RankStack:
+    """A dump parsed, the bootstrap's own frames (``zygote.py``) left out, as a traceback
+    leaves them out."""
+    if dump.error:
+        return RankStack(dump.rank, node, host, dump.pid, (), dump.error)
+    threads = tuple(ThreadStack(t.thread_id, t.current,
+                                tuple(f for f in t.frames if not _ours(f)))
+                    for t in parse_faulthandler(dump.text))
+    return RankStack(dump.rank, node, host, dump.pid, threads)
+
+
+class StackCollector:
+    """This agent's side of stack requests: capture the local workers, publish per rank."""
+
+    def __init__(self, group: Any, client: aioredis.Redis, job_id: str, node: str,
+                 host: str) -> None:
+        self.group = group  # a WorkerGroup (``dump_stacks``)
+        self.client = client
+        self.keys = protocol.JobKeys(job_id)
+        self.node = node
+        self.host = host
+
+    async def capture_local(self, timeout: float = ANSWER_TIMEOUT,
+                            ranks: Iterable[int] | None = None,
+                            live_only: bool = False) -> list[RankStack]:
+        """The stacks of this agent's workers of the current attempt (``ranks``: only those),
+        at most ``timeout`` seconds; ``live_only`` leaves out workers that already exited."""
+        dumps = await self.group.dump_stacks(ranks=ranks, timeout=timeout, live_only=live_only)
+        return [to_rank_stack(d, self.node, self.host) for d in dumps]
+
+    async def publish(self, request_id: str, stacks: Iterable[RankStack]) -> None:
+        """One entry per rank on the job's stacks stream. Raises redis errors / OSError."""
+        pipe = self.client.pipeline(transaction=False)
+        n = 0
+        for s in stacks:
+            reply = protocol.StackReply(request=request_id, node=self.node, host=self.host,
+                                        rank=s.rank, pid=s.pid,
+                                        text=render_faulthandler(s.threads), error=s.error)
+            pipe.xadd(self.keys.stacks, protocol.encode_stack_reply(reply),
+                      maxlen=protocol.STACKS_MAXLEN, approximate=True)
+            n += 1
+        if n:
+            await pipe.execute()
+
+    async def evidence(self, request_id: str,
+                       timeout: float = ANSWER_TIMEOUT) -> dict[str, Any] | None:
+        """Before workers are stopped: the live ones' stacks, published under ``request_id``;
+        ``{"request", "groups"}`` for the event, or None when no worker could be asked."""
+        try:
+            stacks = await self.capture_local(timeout, live_only=True)
+        except Exception:
+            log.exception("capturing the workers' stacks before stopping them failed")
+            return None
+        if not any(s.threads for s in stacks):
+            return None
+        try:  # bounded too: during an outage the stop must not wait for Redis
+            await asyncio.wait_for(self.publish(request_id, stacks), ANSWER_TIMEOUT)
+        except (redis.RedisError, OSError, asyncio.TimeoutError) as exc:
+            log.warning("cannot publish the stacks captured before the stop: %s",
+                        exc or "Redis did not answer in time")
+        groups = group_stacks(stacks)
+        return {"request": request_id,
+                "groups": [group_record(g) for g in groups[:EVENT_GROUPS]],
+                "ranks": len(stacks)}

@@ -1,0 +1,232 @@
+"""Every rank's Python stacks on demand (issue 13), end to end, without root or ptrace.
+
+* Launch paths: a worker started by the exec path (script, ``-m``, ``--run-path``'s ``-c``)
+  or forked by a ``--preload`` zygote answers with its frames; one stuck in a C call that
+  holds the GIL answers too (faulthandler's handler needs no GIL); a ``--no-python`` worker is
+  reported as such, and a worker that exec'd another program is never sent the signal (its
+  default action would kill it).
+* A real hang: examples/hang.py on 8 gloo ranks over 2 agents, rank 3 sleeping before the
+  ``all_reduce`` the others wait in. ``elastic-console stacks`` lists rank 3 alone first, with
+  its sleeping frame; the console's ``d`` shows the same; a restart command's
+  ``workers_stopped`` events carry the stacks captured before the kill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+from elastic_agent.coordination.connection import make_async_client, parse_endpoint
+from elastic_agent.coordination.protocol import Command, EventType, JobKeys, encode_command
+from elastic_agent.coordination.stack_replies import read_stack_replies
+from elastic_agent.supervision import stacks
+from elastic_agent.supervision.config import RUN_PATH_BOOTSTRAP
+from elastic_agent.supervision.logs import LogConfig, NodeLogs, Std
+from elastic_agent.supervision.workers import RankAssignment, WorkerGroup, WorkerSpec
+from tests.agents import EXAMPLES, SCRIPTS, Agent, wait_until
+from tests.test_agent import of_type
+from tests.test_console_cli import console
+
+STUCK = SCRIPTS / "stuck_in_c.py"
+HANG = EXAMPLES / "hang.py"
+
+
+def line_of(path: Path, needle: str) -> int:
+    """The 1-based line of ``path`` holding ``needle`` (the frame a dump must point at)."""
+    (n,) = [i for i, text in enumerate(path.read_text().splitlines(), 1) if needle in text]
+    return n
+
+
+# -- launch paths ------------------------------------------------------------------------------
+
+async def dump_group(tmp: Path, entrypoint: list[str], preload: tuple[str, ...] = (),
+                     nproc: int = 1, wait_for: str = "stuck") -> tuple[list, WorkerGroup]:
+    spec = WorkerSpec(nproc=nproc, entrypoint=entrypoint, run_id="r", job_id="j",
+                      log_dir=tmp / "j", preload=preload, shutdown_timeout=2)
+    group = WorkerGroup(spec, logs=NodeLogs(LogConfig(redirects=Std.ALL)))
+    try:
+        await group.prepare()
+        await group.start(RankAssignment(group_rank=0, group_world_size=1, world_size=nproc,
+                                         base_rank=0, master_addr="127.0.0.1", master_port=1))
+        out = [tmp / "j" / "attempt_0" / str(r) / "stdout.log" for r in range(nproc)]
+        deadline = time.monotonic() + 60
+        while not all(p.exists() and wait_for in p.read_text() for p in out):
+            assert time.monotonic() < deadline, "the workers did not start"
+            await asyncio.sleep(0.05)
+        dumps = await group.dump_stacks()
+        return dumps, group
+    finally:
+        await group.stop()
+        await group.close()
+
+
+@pytest.mark.parametrize("how", ["script", "module", "run-path", "preload"])
+def test_every_launch_path_answers_even_holding_the_gil(tmp_path, monkeypatch, how):
+    monkeypatch.chdir(SCRIPTS)  # -m finds the module in the working directory
+    exe = [sys.executable, "-u"]
+    entrypoint = {"script": [*exe, str(STUCK)], "preload": [*exe, str(STUCK)],
+                  "module": [*exe, "-m", "stuck_in_c"],
+                  "run-path": [*exe, "-c", RUN_PATH_BOOTSTRAP, str(STUCK)]}[how]
+    preload = ("json",) if how == "preload" else ()
+    (dump,), _ = asyncio.run(dump_group(tmp_path, entrypoint, preload))
+    assert not dump.error and not dump.truncated, dump
+    rank = stacks.to_rank_stack(dump, "n", "h")
+    frames = [f for t in rank.threads for f in t.frames]
+    stuck = [f for f in frames if f.function == "held_in_c"]
+    assert stuck and stuck[0].file == str(STUCK)
+    assert stuck[0].line == line_of(STUCK, "ctypes.PyDLL(None).sleep")
+    # the GIL is held, yet the other thread is listed too, and the bootstrap's frames are not
+    assert any(f.function == "never_runs" for f in frames)
+    assert not any(f.file.endswith("zygote.py") for f in frames)
+
+
+def test_no_python_and_exec_are_not_signalled(tmp_path):
+    async def scenario() -> None:
+        (dump,), _ = await dump_group(tmp_path / "a", ["/bin/sh", "-c", "echo stuck; sleep 30"])
+        assert dump.error == stacks.NOT_PYTHON and not dump.text
+        # a Python worker that became another program: its handler is gone with the exec
+        code = "import os; print('stuck', flush=True); os.execv('/bin/sleep', ['sleep', '30'])"
+        spec = WorkerSpec(nproc=1, entrypoint=[sys.executable, "-u", "-c", code], run_id="r",
+                          job_id="j", log_dir=tmp_path / "b" / "j", shutdown_timeout=2)
+        group = WorkerGroup(spec, logs=NodeLogs(LogConfig(redirects=Std.ALL)))
+        try:
+            (w,) = await group.start(RankAssignment(group_rank=0, group_world_size=1,
+                                                    world_size=1, base_rank=0,
+                                                    master_addr="127.0.0.1", master_port=1))
+            deadline = time.monotonic() + 30
+            while psutil.Process(w.pid).name() != "sleep":
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            (dump,) = await group.dump_stacks()
+            assert dump.error == stacks.NO_HANDLER
+            await asyncio.sleep(0.3)
+            assert psutil.Process(w.pid).status() != psutil.STATUS_ZOMBIE  # not killed
+        finally:
+            await group.stop()
+    asyncio.run(scenario())
+
+
+# -- a real hang over two agents -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hung_job(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """examples/hang.py, 8 ranks as 2 agents x 4, rank 3 stalled; every other rank inside
+    ``all_reduce``. Yields the job id."""
+    pytest.importorskip("torch")
+    tmp = tmp_path_factory.mktemp("hang")
+    job = f"hang-{os.getpid()}-{int(time.time())}"
+    args = ["--redis", redis_url, "--job-id", job, "--local-addr", "127.0.0.1",
+            "--nnodes", "2", "--nproc-per-node", "4", "--log-dir", str(tmp / "logs"),
+            "--rdzv-conf=last_call_timeout=1,heartbeat_timeout=5,keep_alive_interval=0.5",
+            str(HANG)]
+    agents = [Agent(args, tmp, f"a{i}", env={"HANG_RANK": "3"}) for i in range(2)]
+    try:
+        def hung() -> bool:
+            out = "".join(a.output for a in agents)
+            return out.count("waiting in all_reduce") >= 7 and "rank 3: stalling" in out
+        wait_until(hung, 120, "the hang")
+        yield job
+    finally:
+        for a in agents:
+            a.kill()
+
+
+def test_stacks_cli_names_the_odd_rank(hung_job, redis_url):
+    p = console("stacks", hung_job, "--json", redis_url=redis_url)
+    assert p.returncode == 0, p.stderr
+    answer = json.loads(p.stdout)
+    odd, rest = answer["groups"]
+    assert odd["ranks"] == [3] and rest["ranks"] == [0, 1, 2, 4, 5, 6, 7]
+    top = odd["threads"][0]["frames"][0]
+    assert (top["file"], top["line"], top["function"]) == (
+        str(HANG), line_of(HANG, "time.sleep(seconds)"), "stall")
+    assert odd["summary"] == "stall \u2190 train_step \u2190 main"
+    assert rest["summary"].startswith("all_reduce \u2190 train_step")
+    assert len({s["node"] for s in answer["stacks"]}) == 2  # both agents answered
+    text = console("stacks", hung_job, redis_url=redis_url)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("1 rank"))
+    assert lines[first].startswith("1 rank [3]: stall \u2190 train_step \u2190 main")
+    assert any(f"hang.py:{line_of(HANG, 'time.sleep(seconds)')}" in x for x in lines[first:])
+    one = json.loads(console("stacks", hung_job, "--rank", "6", "--json",
+                             redis_url=redis_url).stdout)
+    assert [g["ranks"] for g in one["groups"]] == [[6]]
+
+
+def test_console_d_shows_the_odd_group_first(hung_job, redis_url):
+    from elastic_console.widgets.stacks import StacksScreen
+    from tests.test_console_app import console as app_for
+    from tests.test_console_app import loaded, on_screen, run, screen_text
+    from tests.waiting import wait_until_async
+
+    async def body(pilot, app) -> None:
+        await loaded(app, ranks=8)
+        await pilot.press("d")
+        await on_screen(app, StacksScreen)
+        screen = app.screen
+        await wait_until_async(lambda: screen.result is not None or screen.error, 30,
+                               "the stacks")
+        assert screen.group_lines[0].startswith("1 rank [3]: stall"), screen.group_lines
+        await wait_until_async(lambda: "1 rank [3]: stall" in screen_text(app), 5, "drawn")
+        where = f"hang.py:{line_of(HANG, 'time.sleep(seconds)')}"
+        assert where not in screen_text(app)  # groups start collapsed...
+        await pilot.press("enter")  # ...and expand to their frames
+        await wait_until_async(lambda: where in screen_text(app), 5, "the frames")
+        await pilot.press("escape")
+        await on_screen(app, StacksScreen, shown=False)
+
+    run(app_for(redis_url, hung_job), body)
+
+
+def test_a_restart_captures_the_stacks_before_the_kill(hung_job, redis_url):
+    r = redis.Redis.from_url(redis_url)
+    r.xadd(JobKeys(hung_job).commands,
+           encode_command(Command("restart-h", "restart", "tester@host", args={})))
+
+    def stopped() -> list:
+        return [e for e in of_type(r, hung_job, EventType.WORKERS_STOPPED)
+                if e.data.get("reason") == "restart"]
+    wait_until(lambda: len(stopped()) == 2, 60, "both agents' workers_stopped")
+    by_rank = {tuple(g["ranks"]): g for e in stopped() for g in e.data["stacks"]["groups"]}
+    (request,) = {e.data["stacks"]["request"] for e in stopped()}
+    odd = by_rank[(3,)]
+    assert odd["frames"][0] == [str(HANG), line_of(HANG, "time.sleep(seconds)"), "stall"]
+
+    async def published() -> list:
+        client = make_async_client(parse_endpoint(redis_url), blocking_ms=2000)
+        try:
+            return await read_stack_replies(client, hung_job, request, range(8), 10)
+        finally:
+            await client.aclose()
+    captured = asyncio.run(published())
+    assert [s.rank for s in captured if s.threads] == list(range(8))
+    assert re.fullmatch(r"stop-\d+", request)
+
+
+def test_stack_signal_flag_and_off(tmp_path):
+    from elastic_agent.supervision.config import UsageError, parse_args
+    from elastic_agent.supervision.workers import worker_argv, worker_env
+
+    base = ["--standalone", "--log-dir", str(tmp_path), str(STUCK)]
+    assert parse_args(base).stack_signal == stacks.DEFAULT_SIGNAL
+    with pytest.raises(UsageError, match="--stack-signal"):
+        parse_args(["--stack-signal", "SIGUSR1", *base])
+    cfg = parse_args(["--stack-signal", "off", *base])
+    a = RankAssignment(group_rank=0, group_world_size=1, world_size=1, base_rank=0,
+                       master_addr="127.0.0.1", master_port=1)
+    for signum, wrapped in ((None, False), (stacks.DEFAULT_SIGNAL, True)):
+        spec = WorkerSpec(nproc=1, entrypoint=cfg.entrypoint, run_id="r", job_id="j",
+                          log_dir=tmp_path / "j", stack_signal=signum)
+        assert ("--worker" in worker_argv(spec, 0)) is wrapped
+        assert (stacks.STACKS_ENV in worker_env(spec, a, 0, {})) is wrapped
