@@ -45,6 +45,7 @@ from elastic_agent.coordination.connection import (
     RedisUnavailableError,
     execute_on_node_of,
     explain_error,
+    give_ttls,
     make_async_client,
     parse_endpoint,
     raise_if_cancelled,
@@ -308,16 +309,7 @@ class JobClient:
         # The claim is a key of the job too: it must not outlive the rest.
         if not await self._client.set(keys.lost_sweep, "1", nx=True, px=min(60_000, ttl)):
             return
-        async for batch in scan_batches(self._client, keys.all_key_patterns()[0]):
-            pipe = self._client.pipeline(transaction=False)
-            for key in batch:
-                pipe.pttl(key)
-            ttls = await pipe.execute(raise_on_error=False)
-            pipe = self._client.pipeline(transaction=False)
-            for key, key_ttl in zip(batch, ttls):
-                if key_ttl == -1:
-                    pipe.pexpire(key, ttl)
-            await pipe.execute(raise_on_error=False)
+        await give_ttls(self._client, keys.all_key_patterns()[0], ttl)
 
     async def live_agents(self) -> int:
         """How many of the job's agents sent a heartbeat within the job's heartbeat timeout

@@ -807,6 +807,28 @@ def socket_timeout_of(client: Any) -> float | None:
     return kw.get("socket_timeout")
 
 
+async def give_ttls(client: Any, pattern: str, ms: int, renew_from_ms: int | None = None) -> int:
+    """Give the keys matching ``pattern`` that have no TTL one of ``ms``; with
+    ``renew_from_ms``, also extend (never shorten) those whose TTL is at least that (a lease
+    being renewed). Keys with another TTL are someone else's choice and left alone. Returns
+    how many keys were looked at."""
+    n = 0
+    async for batch in scan_batches(client, pattern):
+        pipe = client.pipeline(transaction=False)
+        for key in batch:
+            pipe.pttl(key)
+        ttls = await pipe.execute(raise_on_error=False)
+        pipe = client.pipeline(transaction=False)
+        for key, ttl in zip(batch, ttls):
+            if ttl == -1:
+                pipe.pexpire(key, ms)
+            elif renew_from_ms is not None and isinstance(ttl, int) and ttl >= renew_from_ms:
+                pipe.pexpire(key, ms, gt=True)
+        await pipe.execute(raise_on_error=False)
+        n += len(batch)
+    return n
+
+
 async def scan_batches(client: Any, pattern: str, count: int = 1000) -> AsyncIterator[list[Any]]:
     """The keys matching ``pattern``, a batch per SCAN call, on a single server or a cluster.
 

@@ -32,7 +32,7 @@ import re
 import redis
 import redis.asyncio as aioredis
 
-from ..coordination.connection import scan_batches
+from ..coordination.connection import give_ttls, scan_batches
 from ..coordination.protocol import JOBS_INDEX, JobKeys
 
 log = logging.getLogger(__name__)
@@ -132,22 +132,8 @@ class JobRetention:
             return await self._each_key(lambda pipe, key: pipe.pexpire(key, ms))
         # A lease of ours starts at retention + 3 intervals: still above the retention, it was
         # renewed at most three intervals ago (an agent with the turn died, a slow host).
-        ours = int(self.retention_s * 1000)
-        n = 0
-        async for batch in _scan_batches(self._client, self._pattern):
-            pipe = self._client.pipeline(transaction=False)
-            for key in batch:
-                pipe.pttl(key)
-            ttls = await pipe.execute(raise_on_error=False)
-            pipe = self._client.pipeline(transaction=False)
-            for key, ttl in zip(batch, ttls):
-                if ttl == -1:
-                    pipe.pexpire(key, ms)
-                elif isinstance(ttl, int) and ttl >= ours:
-                    pipe.pexpire(key, ms, gt=True)  # never shortens a longer TTL
-            await pipe.execute(raise_on_error=False)
-            n += len(batch)
-        return n
+        return await give_ttls(self._client, self._pattern, ms,
+                               renew_from_ms=int(self.retention_s * 1000))
 
     async def delete_all(self) -> int:
         return await self._each_key(lambda pipe, key: pipe.unlink(key))
