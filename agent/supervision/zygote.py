@@ -105,7 +105,7 @@ def command(entrypoint: Sequence[str], modules: Sequence[str], fd: int) -> list[
 
 def send_request(sock: object, requests: list[tuple]) -> None:
     """Send the workers to start: each request's two pipe descriptors travel as SCM_RIGHTS
-    and are replaced by their index in the message. Blocking (the zygote is reading)."""
+    and are replaced by their index in the message. Blocking (the keeper is reading)."""
     import socket
 
     from elastic_agent.supervision.keeper import frame
@@ -119,6 +119,63 @@ def send_request(sock: object, requests: list[tuple]) -> None:
     sent = sock.sendmsg([data[:1]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                        array.array("i", fds))])
     sock.sendall(data[sent:])
+
+
+async def fork_keeper(sock: object, keeper_fd: int) -> tuple[int, int] | str:
+    """Ask the zygote on ``sock`` to fork a keeper whose end of the agent's socket is
+    ``keeper_fd`` (sent as SCM_RIGHTS; the caller closes its copy). Returns the keeper's pid
+    and a pidfd of it (the caller's to close: the keeper is no child of the agent, and the
+    zygote opened the pidfd before it could reap the keeper, so it names that process even
+    if it has exited), or why not (the zygote refused, on a hazard it has warned about once
+    on its stderr, or is gone): the caller then execs a keeper. Event-driven on the loop."""
+    import asyncio
+    import socket
+
+    from elastic_agent.supervision.keeper import Unframer, frame
+    assert isinstance(sock, socket.socket)
+    loop = asyncio.get_running_loop()
+    sock.setblocking(False)
+    data = frame((FORK,))
+    try:  # a few bytes on an idle socket: the send buffer has room
+        sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                      array.array("i", [keeper_fd]))])
+        if sent < len(data):
+            await loop.sock_sendall(sock, data[sent:])
+    except OSError as exc:
+        return f"the zygote cannot be reached ({exc})"
+    unframer = Unframer()
+    fds: list[int] = []
+    reply: asyncio.Future[object] = loop.create_future()
+
+    def readable() -> None:
+        try:
+            got_data, got, _, _ = socket.recv_fds(sock, 1 << 12, 4)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            got_data, got = b"", []
+        fds.extend(got)
+        if reply.done():
+            return
+        if not got_data:
+            reply.set_result(None)
+        elif messages := unframer.feed(got_data):
+            reply.set_result(messages[0])
+
+    loop.add_reader(sock.fileno(), readable)
+    try:
+        message = await reply
+    finally:
+        loop.remove_reader(sock.fileno())
+        pidfds, fds[:] = list(fds), []
+    if (isinstance(message, tuple) and len(message) == 2 and message[0] == FORKED
+            and type(message[1]) is int and len(pidfds) == 1):
+        return message[1], pidfds[0]
+    for fd in pidfds:
+        os.close(fd)
+    if isinstance(message, tuple) and len(message) == 2 and message[0] == REFUSED:
+        return str(message[1])[:300]
+    return "the zygote exited" if message is None else "the zygote answered nonsense"
 
 
 # -- the zygote's half ------------------------------------------------------------------------
