@@ -34,7 +34,7 @@ from .standalone import (
     RedisServer,
     RedisServerNotFoundError,
     attached_consoles,
-    standalone_port,
+    start_standalone,
 )
 
 #: Seconds a --standalone agent keeps its embedded Redis up after the job ended while a console
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if cfg.standalone:
             try:
-                server = RedisServer(port=standalone_port()).start()
+                server = start_standalone()
             except (RedisServerNotFoundError, RuntimeError) as exc:
                 return _fail(str(exc), 1)
             cfg = dataclasses.replace(cfg, endpoint=parse_endpoint(server.url))

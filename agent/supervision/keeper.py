@@ -12,6 +12,9 @@ keeper answers with each pid (or the exec's errno) and, the moment it reaps one,
 status. It starts each worker as ``subprocess`` would with ``start_new_session=True`` and a
 PR_SET_PDEATHSIG preexec: own session, stdin on /dev/null, every other descriptor closed,
 SIGPIPE and SIGXFSZ back to default, and otherwise the signal dispositions the agent gave it.
+With ``--preload`` the keeper is no exec'ed process but a child the node's zygote forked
+(:mod:`.zygote`), given its end of the socket as SCM_RIGHTS: the same rules from there on,
+with the dispositions the zygote was born with, and workers forked rather than exec'ed.
 
 The keeper is a child subreaper (``PR_SET_CHILD_SUBREAPER``): a process of the tree whose
 parent dies is reparented to the keeper instead of init, so the keeper's descendants are the
@@ -63,6 +66,14 @@ _IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 _WATCHED = (*_IGNORED, signal.SIGCHLD)
 
 
+def dispositions() -> dict[int, object]:
+    """This process's signal dispositions that the keeper changes or a worker resets."""
+    born = {s: signal.getsignal(s) for s in (*_WATCHED, signal.SIGPIPE)}
+    if hasattr(signal, "SIGXFSZ"):
+        born[signal.SIGXFSZ] = signal.getsignal(signal.SIGXFSZ)
+    return born
+
+
 def frame(message: object) -> bytes:
     """One message on the socket: a length, then its ``marshal`` form (both ends run the same
     interpreter, and nothing else can reach the socket)."""
@@ -108,10 +119,10 @@ class _Keeper:
         #: With ``--preload``: the :class:`.zygote.Zygote` whose policy lets ``spawn`` fork
         #: a worker that runs its script in-process (a request then carries its recipe).
         self.zygote = zygote
-        # A forked worker gets the dispositions this interpreter was born with (Python's).
-        self.initial = {s: signal.getsignal(s) for s in (*_WATCHED, signal.SIGPIPE)}
-        if hasattr(signal, "SIGXFSZ"):
-            self.initial[signal.SIGXFSZ] = signal.getsignal(signal.SIGXFSZ)
+        # A forked worker gets the dispositions this interpreter was born with (Python's):
+        # a keeper forked by the zygote was born with the zygote's, before its loop began.
+        born = dispositions() if zygote is None else zygote.born  # type: ignore[attr-defined]
+        self.initial = dict(born)
         self.me = os.getpid()
         self.libc = ctypes.CDLL(None, use_errno=True)
         self.workers: dict[int, int] = {}  # pid -> index
@@ -119,7 +130,7 @@ class _Keeper:
         # What the workers must inherit: the agent's dispositions, not the keeper's. Only an
         # ignored signal survives exec; the two Python ignores go back to default, as with
         # subprocess's restore_signals.
-        self.restore = {s: signal.SIG_IGN if signal.getsignal(s) == signal.SIG_IGN
+        self.restore = {s: signal.SIG_IGN if born[s] == signal.SIG_IGN
                         else signal.SIG_DFL for s in _WATCHED}
         self.restore[signal.SIGPIPE] = signal.SIG_DFL
         if hasattr(signal, "SIGXFSZ"):

@@ -124,6 +124,21 @@ def standalone_port(preferred: int = 6379) -> int:
     return preferred if port_is_free(preferred) else free_port()
 
 
+def start_standalone(preferred: int = 6379, attempts: int = 3) -> RedisServer:
+    """The embedded server of ``--standalone``, on :func:`standalone_port`. A free port can be
+    taken between the check and redis-server's bind (two agents starting at once): the
+    server then exits at start, and another free port is tried. Raises RuntimeError."""
+    for attempt in range(attempts):
+        server = RedisServer(port=standalone_port(preferred) if attempt == 0 else free_port())
+        try:
+            return server.start()
+        except RuntimeError:
+            server.cleanup()
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def attached_consoles(client: redis.Redis, job_id: str) -> int:
     """How many connections of consoles reading ``job_id`` the server holds (they name
     themselves, see ``console_client_name``). Nothing else counts: not the agent's own

@@ -9,7 +9,8 @@ reaps the worker, pipe data comes from the loop's reader, a stray process's end 
 Nothing polls.
 
 The workers are started by a keeper (:mod:`elastic_agent.supervision.keeper`), one small
-process per group and attempt, child of the agent, child subreaper of the tree: when the agent
+process per group and attempt (a child of the agent; with ``--preload``, forked by the node's
+zygote, which imported the modules once), child subreaper of the tree: when the agent
 dies, however it dies (SIGKILL, OOM), the keeper sees EOF on a socket whose other end only the
 agent holds and SIGKILLs every descendant, grandchildren in sessions of their own and
 double-forked daemons included; it exits once none is left. The agent keeps everything else:
@@ -409,6 +410,33 @@ class _KeeperProcess(asyncio.SubprocessProtocol):
             self._exited.set_result(rc if rc is not None else -1)
 
 
+class _ForkedKeeper:
+    """``_Keeper.process`` for a keeper the zygote forked: no child of the agent, so its exit
+    is seen on a pidfd (opened by the zygote before it could reap it), without its status."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, pidfd: int, handle: _Keeper) -> None:
+        self._loop = loop
+        self._pidfd = pidfd
+        self._handle = handle
+        loop.add_reader(pidfd, self._gone)
+
+    def _gone(self) -> None:
+        self._loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self._pidfd = -1
+        if not self._handle.exited.done():
+            self._handle.exited.set_result(-1)  # the zygote reaped it: status unknown here
+
+    def get_pid(self) -> int:
+        return self._handle.pid
+
+    def close(self) -> None:
+        """Kill it if it is still there (as a subprocess transport's close does)."""
+        if self._pidfd >= 0:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+
 class WorkerGroup:
     """The workers of one role on this node, for one attempt at a time.
 
@@ -434,7 +462,8 @@ class WorkerGroup:
         self._stop_task: asyncio.Task[None] | None = None
         self._stopping = False
         self._keeper: _Keeper | None = None
-        self._spare: tuple[asyncio.SubprocessTransport, socket.socket, asyncio.Future[int]] | None = None
+        #: --preload: the node's zygote (its process, the agent's end of its socket, its exit).
+        self._zygote: tuple[asyncio.SubprocessTransport, socket.socket, asyncio.Future[int]] | None = None
 
     @property
     def workers(self) -> list[WorkerInfo]:
@@ -479,7 +508,7 @@ class WorkerGroup:
             result = await started
             if isinstance(result, OSError):
                 await self._start_failed(worker, result)
-        await self.prepare()  # the next attempt's zygote imports while this one runs
+        await self.prepare()  # a zygote that died is replaced (imports) while this runs
         self.state = WorkerState.HEALTHY
         return self.workers
 
@@ -519,8 +548,10 @@ class WorkerGroup:
         handle = _Keeper(loop, self._workers, spec.entrypoint[0])
         if spec.preload:
             await self.prepare()
-        if self._spare is not None:
-            return await self._start_from_zygote(loop, assignment, handle)
+        if self._zygote is not None:
+            forked = await self._start_from_zygote(loop, assignment, handle)
+            if forked is not None:
+                return forked
         ours, theirs = socket.socketpair()
         write_ends: list[int] = []
         requests = []
@@ -563,13 +594,13 @@ class WorkerGroup:
         return {k: v for k, v in env.items() if k not in zygote.LAUNCHER_VARS}
 
     async def prepare(self) -> None:
-        """With ``spec.preload``, start a spare zygote (:mod:`.zygote`) for the next
-        ``start`` unless a live one waits already (a dead one is replaced). It imports in
-        the background: call this early (before the rendezvous). No-op without preload."""
+        """With ``spec.preload``, start the node's zygote (:mod:`.zygote`) unless a live one
+        runs already (a dead one is replaced). It imports in the background: call this early
+        (before the rendezvous). It forks each attempt's keeper. No-op without preload."""
         if not self.spec.preload:
             return
-        if self._spare is not None:
-            if not self._spare[2].done():
+        if self._zygote is not None:
+            if not self._zygote[2].done():
                 return
             await self.close()  # it died: replace it
         loop = asyncio.get_running_loop()
@@ -591,24 +622,44 @@ class WorkerGroup:
             return
         finally:
             theirs.close()
-        self._spare = (process, ours, exited)
+        self._zygote = (process, ours, exited)
 
     async def close(self) -> None:
-        """End the spare zygote, if any (the agent's exit would end it too)."""
-        spare, self._spare = self._spare, None
-        if spare is None:
+        """End the zygote, if any (the agent's exit would end it too); the keepers it forked
+        live on until their own sockets close."""
+        current, self._zygote = self._zygote, None
+        if current is None:
             return
-        process, sock, exited = spare
+        process, sock, exited = current
         sock.close()  # EOF: the zygote exits
         await asyncio.wait([exited], timeout=KILL_WAIT)
         process.close()
 
     async def _start_from_zygote(self, loop: asyncio.AbstractEventLoop,
-                                 assignment: RankAssignment, handle: _Keeper) -> _Keeper:
-        """Hand this attempt's workers to the spare zygote (it becomes their keeper)."""
-        assert self._spare is not None
-        process, ours, exited = self._spare
-        self._spare = None
+                                 assignment: RankAssignment, handle: _Keeper) -> _Keeper | None:
+        """Have the zygote fork this attempt's keeper and hand it the workers (forked in turn
+        where their recipe allows). None if the zygote cannot (a hazard, which it reported,
+        or it is gone): the caller execs a keeper instead."""
+        assert self._zygote is not None
+        process, sock, _ = self._zygote
+        ours, theirs = socket.socketpair()
+        try:
+            forked = await zygote.fork_keeper(sock, theirs.fileno())
+        except BaseException:
+            ours.close()
+            self._zygote = None  # its reply is unread: a new one answers the next attempt
+            sock.close()
+            process.close()
+            raise
+        finally:
+            theirs.close()  # the keeper's alone now (or nobody's)
+        if not isinstance(forked, tuple):
+            if forked is not None:
+                log.warning("--preload: %s: this attempt's workers start without it", forked)
+            ours.close()
+            return None
+        handle.pid, pidfd = forked
+        handle.process = _ForkedKeeper(loop, pidfd, handle)  # type: ignore[assignment]
         spec = self.spec
         write_ends: list[int] = []
         requests = []
@@ -617,16 +668,14 @@ class WorkerGroup:
             for w in self._workers:
                 ends = await self._connect_pipes(loop, w, write_ends)
                 requests.append((*self._launch_args(w, assignment), *ends, how))
-            handle.process = process
-            handle.exited = exited
-            handle.pid = process.get_pid()
             await asyncio.to_thread(zygote.send_request, ours, requests)
-        except OSError as exc:  # e.g. the zygote died just now: its workers cannot start
-            ours.close()
-            process.close()
+        except BaseException as exc:  # e.g. the keeper died just now: no worker can start
+            ours.close()  # EOF: the keeper exits
             for w in self._workers:
                 for pipe in w.pipes:
                     pipe.close()
+            if not isinstance(exc, OSError):
+                raise
             handle.fail_all(exc)
             return handle
         finally:

@@ -1,20 +1,28 @@
-"""Warm workers (``--preload MODULES``): a keeper that has imported those modules forks each
-worker and runs the training script in the forked process, instead of exec'ing a new
-interpreter that imports them again.
+"""Warm workers (``--preload MODULES``): a zygote that has imported those modules forks each
+attempt's keeper, which forks each worker and runs the training script in the forked process,
+instead of exec'ing a new interpreter that imports them again.
 
 Two halves in one stdlib-only file (it never imports torch itself: only what ``--preload``
 names, by name, at run time):
 
 * the agent's half: :func:`recipe` (what a worker runs, or None for the exec path),
-  :func:`command` (how the zygote is started) and :func:`send_request` (the workers to start,
-  with their pipes' descriptors passed over the socket: the zygote was started before the
+  :func:`command` (how the zygote is started), :func:`fork_keeper` (an attempt's keeper,
+  its end of the agent's socket passed as SCM_RIGHTS) and :func:`send_request` (the workers
+  to start, their pipes' descriptors passed the same way: the keeper was forked before the
   pipes existed);
-* the zygote's half, run as ``python -u zygote.py FD SYS_PATH0 MODULES``: it imports MODULES
-  and nothing else, then is an ordinary keeper (:mod:`.keeper`, same socket protocol, same
-  subreaper and death-with-the-agent rules) whose ``spawn`` forks. The forked child leaves
-  the keeper's stack by raising :class:`BecomeWorker` and runs the script at the top level of
-  this file, so the interpreter's own exit path (SystemExit, atexit, threading shutdown,
-  flushing, KeyboardInterrupt's death by SIGINT) is the worker's, as with ``python -u``.
+* the zygote's half, run as ``python -u zygote.py FD SYS_PATH0 MODULES``: one per worker
+  group (node), started before the rendezvous and kept across attempts. It imports MODULES
+  and nothing else, then serves FD in one thread (a poll loop; SIGCHLD wakes it to reap):
+  for each ``FORK`` it checks :meth:`Zygote.fork_hazard`, forks, and answers with the
+  child's pid and a pidfd of it, opened before it could reap the child, which the agent
+  watches (the keeper is no child of the agent). It never runs user code and never keeps a
+  tree itself; at FD's EOF it exits, and the keepers live on, each until its own socket's EOF.
+  The forked child leaves the zygote's stack by raising :class:`BecomeKeeper` and is an
+  ordinary keeper (:mod:`.keeper`, same socket protocol, same subreaper and
+  death-with-the-agent rules) whose ``spawn`` forks. A worker it forks leaves the keeper's
+  stack by raising :class:`BecomeWorker` and runs the script at the top level of this file,
+  so the interpreter's own exit path (SystemExit, atexit, threading shutdown, flushing,
+  KeyboardInterrupt's death by SIGINT) is the worker's, as with ``python -u``.
 
 What a forked worker sees, as with ``python -u script.py args`` (or ``-m module``): a new
 ``__main__`` module, ``sys.argv``, ``sys.path[0]`` (the script's resolved directory; the
@@ -33,19 +41,29 @@ without the preload, so both paths register the stack handler (:func:`arm_stacks
 before any user code and then run it as ``python -u`` would (``sys.orig_argv`` without the
 bootstrap; its frames left out of tracebacks).
 
-Safety, checked before every fork (:func:`fork_hazard`): no Python thread besides the main
-one, CUDA not initialised, and every environment variable read at interpreter start-up or by
+Safety, checked before every fork (:meth:`Zygote.fork_hazard`): no Python thread besides the
+main one and CUDA not initialised (before the zygote forks a keeper, and again before the
+keeper forks each worker), and every environment variable read at interpreter start-up or by
 the preloaded modules' import (anything but the launcher's per-rank variables) equal to the
-zygote's own. If one fails the worker is exec'ed as without ``--preload``, with one warning
+zygote's own (before each worker). If one fails, the worker is exec'ed as without
+``--preload`` (a refused keeper is exec'ed too, as without ``--preload``), with one warning
 on the agent's stderr. ``import torch`` 2.13 (CPU) leaves a native thread that is no Python
 thread (seen here: 2 OS threads, the main one and one more, both named ``python`` in
 ``/proc/self/task/*/comm``; ``threading.active_count()`` is 1). A fork copies only the forking
 thread, and torch's ``pthread_atfork`` handlers reset its thread pools in the child.
 
 Memory: forked workers share the zygote's pages copy-on-write, so count them by PSS (shared
-pages divided among their sharers), not RSS. The spare zygote for the next attempt, started
-as soon as an attempt's workers are, is one more idle interpreter with the preload imported
-(about 155 MiB PSS for torch 2.13 CPU) for as long as the group runs.
+pages divided among their sharers), not RSS. The node holds one copy of the preload (about
+155 MiB PSS for torch 2.13 CPU), shared by the zygote, the attempt's keeper and its workers:
+no second interpreter imports it while an attempt runs or across restarts. The zygote calls
+``gc.freeze()`` before each fork so that no collection in a child writes to (and so copies)
+the pages of the objects it inherited (about 40 MiB PSS of 4 torch workers here). Measured
+by ``bench/preload_bench.py --repeat 3`` (4 workers, 2 cores): peak PSS of the node 997 MiB
+with ``--preload torch``, 969 MiB without, 1073 MiB under torchrun (0.93x; the spare zygote
+of the earlier design made it 1161 MiB, 1.08x). Known differences that
+follow: a forked worker starts with those objects in the permanent generation
+(``gc.get_freeze_count()`` > 0), and a keeper's exit status is the zygote's to reap (the
+agent sees only that it exited).
 """
 
 from __future__ import annotations
@@ -71,6 +89,11 @@ STACKS_ENV = "ELASTIC_STACKS"
 #: ``python -u zygote.py --worker SCRIPT|-m MODULE|-c CODE ARGS``: the exec path's worker,
 #: started through the same code as a forked one (:func:`_run_worker`), minus the preload.
 WORKER_FLAG = "--worker"
+#: agent -> zygote: ``(FORK,)`` with the keeper's socket end as SCM_RIGHTS; zygote -> agent:
+#: ``(FORKED, pid)`` with a pidfd of the keeper, or ``(REFUSED, why)``.
+FORK = "fork"
+FORKED = "forked"
+REFUSED = "refused"
 _MAX_REQUEST = 64 << 20
 _MAX_FDS = 4096
 _HERE = __file__
@@ -121,13 +144,14 @@ def send_request(sock: object, requests: list[tuple]) -> None:
     sock.sendall(data[sent:])
 
 
-async def fork_keeper(sock: object, keeper_fd: int) -> tuple[int, int] | str:
+async def fork_keeper(sock: object, keeper_fd: int) -> tuple[int, int] | str | None:
     """Ask the zygote on ``sock`` to fork a keeper whose end of the agent's socket is
     ``keeper_fd`` (sent as SCM_RIGHTS; the caller closes its copy). Returns the keeper's pid
     and a pidfd of it (the caller's to close: the keeper is no child of the agent, and the
     zygote opened the pidfd before it could reap the keeper, so it names that process even
-    if it has exited), or why not (the zygote refused, on a hazard it has warned about once
-    on its stderr, or is gone): the caller then execs a keeper. Event-driven on the loop."""
+    if it has exited); None if the zygote refused (on a hazard it has warned about, once, on
+    its stderr); why not if it is gone. The caller then execs a keeper. Event-driven on the
+    loop; if cancelled, the reply is left unread and the caller must drop the zygote."""
     import asyncio
     import socket
 
@@ -165,16 +189,20 @@ async def fork_keeper(sock: object, keeper_fd: int) -> tuple[int, int] | str:
     loop.add_reader(sock.fileno(), readable)
     try:
         message = await reply
+    except BaseException:  # cancelled: the caller drops this zygote (its reply is unread)
+        for fd in fds:
+            os.close(fd)
+        raise
     finally:
         loop.remove_reader(sock.fileno())
-        pidfds, fds[:] = list(fds), []
+    pidfds = fds
     if (isinstance(message, tuple) and len(message) == 2 and message[0] == FORKED
             and type(message[1]) is int and len(pidfds) == 1):
         return message[1], pidfds[0]
     for fd in pidfds:
         os.close(fd)
     if isinstance(message, tuple) and len(message) == 2 and message[0] == REFUSED:
-        return str(message[1])[:300]
+        return None
     return "the zygote exited" if message is None else "the zygote answered nonsense"
 
 
@@ -189,6 +217,16 @@ class BecomeWorker(BaseException):
         self.how = how
         self.env = env
         self.orig_argv = orig_argv
+
+
+class BecomeKeeper(BaseException):
+    """Raised in a child the zygote forked to be an attempt's keeper: it unwinds the
+    zygote's loop, whose descriptors it closes, and keeps at the top level of this file."""
+
+    def __init__(self, keeper_fd: int, close: Sequence[int]) -> None:
+        super().__init__()
+        self.keeper_fd = keeper_fd
+        self.close = close
 
 
 def read_request(ctl: int, unframer: object) -> object | None:
@@ -221,14 +259,20 @@ def read_request(ctl: int, unframer: object) -> object | None:
 
 
 class Zygote:
-    """The fork policy of a preloaded keeper."""
+    """The fork policy of the zygote and of the keepers it forks, and the zygote's loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, keeper: object) -> None:
+        #: The keeper module, loaded by path (the zygote has no package on its path).
+        self.keeper = keeper
         self.birth_env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+        #: The dispositions this interpreter was born with, before the zygote ignored or
+        #: handled any: what a forked worker gets, and what an exec'ed one inherits.
+        self.born = keeper.dispositions()  # type: ignore[attr-defined]
         self.warned = False
 
-    def fork_hazard(self, env: Mapping[bytes, bytes]) -> str | None:
-        """Why forking a worker with ``env`` now would be unsafe or unfaithful, or None."""
+    def fork_hazard(self, env: Mapping[bytes, bytes] | None) -> str | None:
+        """Why forking now (a worker with ``env``; a keeper without) would be unsafe or
+        unfaithful, or None."""
         threading = sys.modules.get("threading")
         if threading is not None and threading.active_count() > 1:
             names = [t.name for t in threading.enumerate()]
@@ -237,6 +281,8 @@ class Zygote:
         cuda = getattr(torch, "cuda", None)
         if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
             return "CUDA is initialised in the zygote"
+        if env is None:
+            return None
         wanted = {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()
                   if os.fsdecode(k) not in LAUNCHER_VARS}
         if wanted != self.birth_env:
@@ -244,13 +290,115 @@ class Zygote:
             return f"the worker's environment differs from the zygote's ({diff[0][0]}, ...)"
         return None
 
-    def may_fork(self, env: Mapping[bytes, bytes]) -> bool:
+    def may_fork(self, env: Mapping[bytes, bytes] | None) -> bool:
         hazard = self.fork_hazard(env)
-        if hazard is not None and not self.warned:
+        if hazard is not None:
+            self.warn(hazard)
+        return hazard is None
+
+    def warn(self, hazard: str) -> None:
+        if not self.warned:
             self.warned = True
             print(f"elastic-agent zygote: {hazard}: starting workers with a new interpreter "
                   "instead (--preload gains nothing)", file=sys.stderr, flush=True)
-        return hazard is None
+
+    def serve(self, ctl: int) -> int:
+        """Fork a keeper for each request on ``ctl`` until its EOF (the agent closed it or is
+        gone), then exit: the keepers live on, each until its own socket's EOF. One thread,
+        one poll loop: a SIGCHLD wakes it to reap the keepers that exited."""
+        import gc
+        import select
+        import socket
+
+        k = self.keeper
+        signal = k.signal  # type: ignore[attr-defined]
+        for sig in k._IGNORED:  # type: ignore[attr-defined]
+            signal.signal(sig, signal.SIG_IGN)  # as a keeper: the agent decides
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so it wakes the poll
+        try:
+            os.close(os.pidfd_open(os.getpid()))
+            no_pidfd = None
+        except (AttributeError, OSError) as exc:
+            no_pidfd = f"no pidfd for the agent to watch a keeper with ({exc})"
+        sock = socket.socket(fileno=ctl)
+        unframer = k.Unframer()  # type: ignore[attr-defined]
+        fds: list[int] = []
+        poller = select.poll()
+        poller.register(ctl, select.POLLIN)
+        poller.register(wake_r, select.POLLIN)
+        while True:
+            for fd, _ in poller.poll():
+                if fd == wake_r:
+                    _drain(wake_r)
+                    _reap()
+                    continue
+                try:
+                    data, got, flags, _ = socket.recv_fds(sock, 1 << 12, 16)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    data, got, flags = b"", [], 0
+                fds += got
+                if not data or flags & socket.MSG_CTRUNC:
+                    return 0  # the agent is gone (or sent garbage): the keepers live on
+                for message in unframer.feed(data):
+                    if message != (FORK,) or not fds:
+                        continue  # nothing else is asked; a FORK always brings its fd
+                    keeper_fd = fds.pop(0)
+                    hazard = no_pidfd or self.fork_hazard(None)
+                    if hazard is not None:
+                        self.warn(hazard)
+                        os.close(keeper_fd)
+                        self._reply(sock, (REFUSED, hazard), None)
+                        continue
+                    # The keeper and its workers keep the preload's objects, shared: no
+                    # collection of theirs should write to (and so copy) those pages.
+                    gc.freeze()
+                    pid = os.fork()
+                    if pid == 0:  # pragma: no cover - the keeper, until it keeps
+                        sock.detach()  # closed below by number, not again by the object
+                        raise BecomeKeeper(keeper_fd, [ctl, wake_r, wake_w, *fds])
+                    os.close(keeper_fd)
+                    pidfd = os.pidfd_open(pid)  # before any reap: it names this process
+                    try:
+                        self._reply(sock, (FORKED, pid), pidfd)
+                    finally:
+                        os.close(pidfd)
+
+    def _reply(self, sock: object, message: tuple, fd: int | None) -> None:
+        import socket
+
+        assert isinstance(sock, socket.socket)
+        data = self.keeper.frame(message)  # type: ignore[attr-defined]
+        try:  # small: the agent reads it while it waits; blocking (nothing else to do)
+            sock.setblocking(True)
+            sock.sendmsg([data], [] if fd is None else [
+                (socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+        except OSError:
+            pass  # the agent is gone: EOF comes next
+
+
+def _drain(fd: int) -> None:
+    while True:
+        try:
+            if not os.read(fd, 512):
+                return
+        except BlockingIOError:
+            return
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def arm_stacks(env: Mapping[str, str]) -> None:
@@ -353,7 +501,7 @@ def _run_worker(exc: BecomeWorker) -> None:
 
 
 def _serve(argv: list[str]) -> int:
-    """``zygote.py FD SYS_PATH0 MODULES``: preload, then keep like a keeper."""
+    """``zygote.py FD SYS_PATH0 MODULES``: preload, then fork keepers until EOF on FD."""
     import importlib
     import importlib.util
 
@@ -366,25 +514,46 @@ def _serve(argv: list[str]) -> int:
     keeper = importlib.util.module_from_spec(spec)
     sys.modules["_elastic_agent_keeper"] = keeper
     spec.loader.exec_module(keeper)
-    zygote = Zygote()
+    zygote = Zygote(keeper)
     for name in modules:
         try:
             importlib.import_module(name)
         except BaseException as err:
             print(f"elastic-agent zygote: --preload {name}: {type(err).__name__}: {err}",
                   file=sys.stderr, flush=True)
-    return keeper._Keeper(fd, zygote=zygote).run()
+    global _ZYGOTE
+    _ZYGOTE = zygote
+    return zygote.serve(fd)
+
+
+def _keep(exc: BecomeKeeper) -> int:
+    """In a child the zygote forked: be the keeper of one attempt (see :mod:`.keeper`)."""
+    assert _ZYGOTE is not None
+    keeper = _ZYGOTE.keeper
+    keeper.signal.set_wakeup_fd(-1)  # type: ignore[attr-defined]
+    for fd in exc.close:
+        os.close(fd)
+    return keeper._Keeper(exc.keeper_fd, zygote=_ZYGOTE).run()  # type: ignore[attr-defined]
+
+
+_ZYGOTE: Zygote | None = None
 
 
 if __name__ == "__main__":
     _child: BecomeWorker | None = None
+    _keeper: BecomeKeeper | None = None
     if sys.argv[1:2] == [WORKER_FLAG] and len(sys.argv) > 2:  # the exec path's worker
         _child = BecomeWorker(worker_recipe(sys.argv[2:]), dict(os.environ), sys.orig_argv)
     else:
         try:
             _code = _serve(sys.argv)
-        except BecomeWorker as _become_exc:  # a forked child: the keeper's stack is gone
-            _child = _become_exc
+        except BecomeKeeper as _keeper_exc:  # a forked keeper: the zygote's loop is gone
+            _keeper = _keeper_exc.with_traceback(None)
+        if _keeper is not None:
+            try:
+                _code = _keep(_keeper)
+            except BecomeWorker as _become_exc:  # a forked worker: the keeper's stack too
+                _child = _become_exc
         if _child is None:
             sys.stderr.flush()
             os._exit(_code)
