@@ -8,6 +8,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 PYTEST_ARGS ?=
+# Two pytest workers, each a whole file at a time (module fixtures run once): the suite is
+# mostly waiting on agents, workers and servers, so two fit this 2-core machine's budget.
+TEST_WORKERS ?= 2
 
 .PHONY: test demo lint bench screenshots clean redis tools
 
@@ -29,7 +32,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 test: tools lint
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest --durations=25 $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 bench: redis
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/rendezvous_bench.py
