@@ -40,6 +40,7 @@ bench: redis
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/log_view_bench.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/console_bench.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/watchdog_bench.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/odd_rank_runs.py --runs 10
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/redis_memory.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/stacks_bench.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/chaos.py --agents 16 --workers 8 --duration 150 --seed 1
