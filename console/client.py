@@ -88,7 +88,10 @@ READ_COUNT = 1_000  # entries per stream per XREAD: bounds one reply's size
 #: 64 nodes, ~0.2 ms just to encode) and wakes as soon as any stream has an entry, so a busy
 #: job was read in hundreds of tiny replies a second; waiting this long lets entries gather.
 READ_INTERVAL_S = 0.02
-LIST_EVENTS_PER_JOB = 300  # events folded per job by list_jobs
+#: Events folded per unfinished job by list_jobs: the newest say its state; the round record
+#: and the restart counter say the rest (1,000 jobs with 50 running: 64 events each keep the
+#: list under 1 s, 300 did not; bench/home_bench.py).
+LIST_EVENTS_PER_JOB = 64
 #: An index entry without records is a job that expired or was removed (agents list a job
 #: after writing its meta), unless it is younger than this (an older agent listed it first).
 INDEX_GRACE_MS = 1_000
@@ -277,7 +280,10 @@ class JobClient:
                     view.apply_event(ev)
             view.apply_liveness(_newest_beat(beat), now_ms)
             rnd = _round_info(round_raw)
-            nodes = len(view.active_nodes()) or (len(rnd.nodes) if rnd else 0)
+            # Only the newest events are folded: unless they hold the last completed round,
+            # the round record says who is in it (a window of joins would undercount).
+            nodes = ((len(view.active_nodes()) if view.round is not None else 0)
+                     or (len(rnd.nodes) if rnd else len(view.active_nodes())))
             world = view.world_size if view.world_size is not None else (
                 (rnd.total_workers or None) if rnd else None)
             used = max(view.restarts_used, _int(restarts))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -383,3 +384,33 @@ def test_unreachable_redis_is_one_clear_error_without_the_password():
         assert "hunter2" not in msg and "\n" not in msg
 
     run(main())
+
+
+def test_list_jobs_counts_nodes_from_the_round_when_the_events_folded_miss_it(
+        redis_url, r, job_id):
+    """list_jobs folds only the newest LIST_EVENTS_PER_JOB events of a running job: when its
+    last rendezvous_complete is older than those (a big job's workers_started, restarts), the
+    node count comes from the round record, not from the few joins in the window."""
+    from elastic_console.client import LIST_EVENTS_PER_JOB
+
+    keys = JobKeys(job_id)
+    r.zadd(JOBS_INDEX, {job_id: 1_000})
+    r.hset(keys.meta, mapping={"created_ms": 1_000, "min_nodes": 3, "max_nodes": 3})
+    nodes = [{"node": f"n{i}-1-x", "host": f"h{i}", "addr": "10.0.0.1", "port": 29500,
+              "nproc": 1, "group_rank": i} for i in range(3)]
+    add_event(r, job_id, EventType.RENDEZVOUS_COMPLETE, round=0, world_size=3,
+              nodes=[{k: n[k] for k in ("node", "host", "group_rank")} for n in nodes])
+    r.set(keys.rdzv_round_info, json.dumps({"round": 0, "world_size": 3, "nodes": nodes}))
+    for _ in range(LIST_EVENTS_PER_JOB):  # a late joiner's join, then starts, past the window
+        add_event(r, job_id, EventType.NODE_JOINED, "late-9-z", host="late")
+        add_event(r, job_id, EventType.WORKERS_STARTED, ranks=[0], pids=[1])
+
+    async def main() -> None:
+        client = JobClient(redis_url)
+        try:
+            j = {j.job_id: j for j in await client.list_jobs()}[job_id]
+            assert j.nodes == 3, j
+        finally:
+            await client.close()
+
+    asyncio.run(main())
