@@ -189,6 +189,16 @@ class ConsoleApp(App[int]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "Detach", id="console.detach"),
         Binding("question_mark", "help", "Help", id="console.help"),
+        # The job keys come first: the footer shows bindings in this order and cuts the rest
+        # off on a narrow terminal (80 columns). Each command key has a hidden twin: when the
+        # command is disabled (check_action -> None: shown dimmed, not run) the key falls
+        # through to the twin, which says why.
+        Binding("r", "restart", "Restart", id="console.restart"),
+        Binding("r", "disabled('restart')", show=False, id="console.restart_disabled"),
+        Binding("s", "stop", "Stop", id="console.stop"),
+        Binding("s", "disabled('stop')", show=False, id="console.stop_disabled"),
+        Binding("K", "kill_rank", "SIGTERM", id="console.kill"),
+        Binding("K", "disabled('kill_rank')", show=False, id="console.kill_disabled"),
         Binding("slash", "filter", "Filter", id="console.filter"),
         Binding("a", "toggle_all", "All/rank", id="console.all_ranks"),
         Binding("u", "toggle_unique", "Unique", show=False, id="console.unique"),
@@ -198,14 +208,6 @@ class ConsoleApp(App[int]):
         Binding("f", "follow", "Follow", show=False, id="console.follow"),
         Binding("o", "sort", "Sort", id="console.sort"),
         Binding("O", "sort(True)", "Reverse sort", show=False, id="console.sort_reverse"),
-        # Each command key has a hidden twin: when the command is disabled (check_action ->
-        # None: shown dimmed, not run) the key falls through to the twin, which says why.
-        Binding("r", "restart", "Restart", id="console.restart"),
-        Binding("r", "disabled('restart')", show=False, id="console.restart_disabled"),
-        Binding("s", "stop", "Stop", id="console.stop"),
-        Binding("s", "disabled('stop')", show=False, id="console.stop_disabled"),
-        Binding("K", "kill_rank", "SIGTERM", id="console.kill"),
-        Binding("K", "disabled('kill_rank')", show=False, id="console.kill_disabled"),
         Binding("d", "stacks", "Stacks", show=False, id="console.stacks"),
         Binding("ctrl+s", "save_log", "Save", show=False, id="console.save"),
         Binding("escape", "back", "Back", show=False, id="console.back"),
@@ -295,8 +297,22 @@ class ConsoleApp(App[int]):
             yield self.filter_bar
         yield KeyFooter()
 
+    #: Below this width the resources panel folds away (console.tcss: ``Screen.-narrow``).
+    NARROW_COLUMNS = 100
+
+    def _fit_layout(self, width: int | None = None) -> None:
+        """Classes of the job screen for the terminal's size: CSS has no media queries."""
+        screen = getattr(self, "main_screen", None)
+        if screen is not None:
+            width = self.size.width if width is None else width
+            screen.set_class(width < self.NARROW_COLUMNS, "-narrow")
+
+    def on_resize(self, event: ui_events.Resize) -> None:
+        self._fit_layout(event.size.width)
+
     def on_mount(self) -> None:
         self.main_screen = self.screen
+        self._fit_layout()
         self.filter_bar.display = False
         self.rank_table.border_title = "Ranks"
         self.timeline.border_title = "Timeline"

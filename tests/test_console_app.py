@@ -951,7 +951,8 @@ def test_the_footer_shows_the_focused_keys_and_a_click_presses_one():
         def shown() -> dict[str, bool]:
             return {description: enabled for _, _, description, enabled in footer.shown}
 
-        assert line().startswith(" q Detach  ? Help  / Filter  a All/rank")
+        # the job keys first: at 80 columns they are the ones still on the line
+        assert line().startswith(" q Detach  ? Help  r Restart  s Stop  K SIGTERM  / Filter")
         assert line().rstrip().endswith("▏^p palette")
         assert shown()["Restart"] is False and shown()["Wrap"] is True  # --read-only
         assert "Details" not in shown()
@@ -1131,3 +1132,19 @@ def test_the_fixed_view_renders_without_a_clock_and_without_markup():
 
     run(app, body)
 
+
+
+def test_the_resources_panel_folds_away_below_100_columns():
+    """Issue 15: at 80 columns the sparklines give their width to the rank table's columns;
+    widened again, they come back."""
+    app = snapshot_app()
+
+    async def body(pilot: Pilot[int], app: App) -> None:
+        assert app.resources.display and app.resources.size.width > 0  # 120 columns
+        await pilot.resize_terminal(80, 24)
+        await wait_until_async(lambda: app.resources.size.width == 0, 5, "the fold")
+        assert "RESTARTS" in screen_text(app) and "EXIT" in screen_text(app)
+        await pilot.resize_terminal(120, 34)
+        await wait_until_async(lambda: app.resources.size.width > 0, 5, "the panel back")
+
+    run(app, body)
