@@ -14,7 +14,7 @@ import redis
 
 from elastic_agent.coordination import pressure
 from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.protocol import EventType, JobKeys, decode_event
+from elastic_agent.coordination.protocol import EventType, JobKeys
 from elastic_agent.supervision.standalone import RedisServer
 from tests.agents import SCRIPTS, Agent, wait_until
 
@@ -44,15 +44,9 @@ def full_redis() -> Iterator[tuple[RedisServer, redis.Redis]]:
 def _events(r: redis.Redis, job: str) -> list:
     """The job's events as a reader sees them: a batch re-sent from its first refused record
     on may write the records after it twice (same node and seq), which readers drop."""
-    seen: set[tuple[str, int]] = set()
-    out = []
-    for i, f in r.xrange(JobKeys(job).events):
-        e = decode_event(i, f)
-        if e is None or (e.seq and (e.node, e.seq) in seen):
-            continue
-        seen.add((e.node, e.seq))
-        out.append(e)
-    return out
+    from tests.test_agent import events
+
+    return events(r, job)
 
 
 def _oom_warnings(output: str) -> list[str]:

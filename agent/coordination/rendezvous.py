@@ -29,6 +29,7 @@ The protocol
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -36,7 +37,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -500,19 +501,25 @@ class RedisRendezvous:
                 k.rdzv_nodes, k.rdzv_heartbeats, k.rdzv_left, k.rdzv_notify, k.rdzv_lost,
                 k.rdzv_joins]
 
-    def _call(self, script: Any, args: list[Any]) -> Any:
+    @contextlib.contextmanager
+    def _redis_errors(self) -> Iterator[None]:
+        """Redis's errors as the rendezvous's: an outage is a RendezvousConnectionError, a
+        write refused at maxmemory a RendezvousOutOfMemoryError (retried as an outage: a
+        script is checked for memory at its first write, so a refused one changed nothing)."""
         try:
-            reply = script(keys=self._keys, args=args)
+            yield
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             raise RendezvousConnectionError(str(explain_error(exc, self.endpoint.display))) from None
         except redis.ResponseError as exc:
             if not is_oom(exc):
                 raise
-            # Scripts are checked for memory at their first write: a refused one changed
-            # nothing, so callers retry it as they retry an outage.
             OOM.refused()
             raise RendezvousOutOfMemoryError(
                 str(explain_error(exc, self.endpoint.display))) from None
+
+    def _call(self, script: Any, args: list[Any]) -> Any:
+        with self._redis_errors():
+            reply = script(keys=self._keys, args=args)
         OOM.accepted()
         return reply
 
@@ -597,7 +604,7 @@ class RedisRendezvous:
 
     def _register_job(self) -> None:
         """List the job in the job index so consoles can find it (first registration wins)."""
-        try:
+        with self._redis_errors():
             secs, micros = self._client.time()
             now_ms = secs * 1000 + micros // 1000
             self._client.hsetnx(self.keys.meta, "created_ms", now_ms)
@@ -609,14 +616,6 @@ class RedisRendezvous:
             # Listed after its meta exists: an index entry without one is a job that expired
             # or was removed, which readers drop from the index (see retention.py).
             self._client.zadd(protocol.JOBS_INDEX, {self.job_id: now_ms}, nx=True)
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            raise RendezvousConnectionError(str(explain_error(exc, self.endpoint.display))) from None
-        except redis.ResponseError as exc:
-            if not is_oom(exc):
-                raise
-            OOM.refused()
-            raise RendezvousOutOfMemoryError(
-                str(explain_error(exc, self.endpoint.display))) from None
 
     def _drop_round_store(self, rnd: int) -> None:
         """Delete round ``rnd``'s store namespace (``r<round>``: the agents' exit barrier,

@@ -565,14 +565,7 @@ class WorkerGroup:
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
                 stderr=None, pass_fds=(theirs.fileno(), *write_ends), start_new_session=True)
         except BaseException as exc:
-            ours.close()
-            for w in self._workers:  # their logs see EOF: nothing will ever write there
-                for pipe in w.pipes:
-                    pipe.close()
-            if not isinstance(exc, OSError):
-                raise
-            handle.fail_all(exc)
-            return handle
+            return self._abandon_start(ours, handle, exc)
         finally:
             theirs.close()
             for fd in write_ends:
@@ -670,20 +663,27 @@ class WorkerGroup:
                 requests.append((*self._launch_args(w, assignment), *ends, how))
             await asyncio.to_thread(zygote.send_request, ours, requests)
         except BaseException as exc:  # e.g. the keeper died just now: no worker can start
-            ours.close()  # EOF: the keeper exits
-            for w in self._workers:
-                for pipe in w.pipes:
-                    pipe.close()
-            if not isinstance(exc, OSError):
-                raise
-            handle.fail_all(exc)
-            return handle
+            return self._abandon_start(ours, handle, exc)
         finally:
             for fd in write_ends:
                 os.close(fd)
         ours.setblocking(False)
         handle.channel, _ = await loop.create_unix_connection(
             lambda: _KeeperChannel(handle), sock=ours)
+        return handle
+
+    def _abandon_start(self, ours: socket.socket, handle: _Keeper,
+                       exc: BaseException) -> _Keeper:
+        """The keeper could not be asked for the workers: close our end of its socket (its EOF
+        ends the keeper) and the workers' pipes (their logs see EOF: nothing will ever write
+        there); an OSError fails every worker's start, anything else is raised."""
+        ours.close()
+        for w in self._workers:
+            for pipe in w.pipes:
+                pipe.close()
+        if not isinstance(exc, OSError):
+            raise exc
+        handle.fail_all(exc)
         return handle
 
     async def _start_failed(self, worker: _Worker, exc: OSError) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual.reactive import var
+from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from elastic_agent.coordination.text import sanitize
@@ -77,3 +79,50 @@ def fit_row(segments: list[Segment], cells: int, start: int, width: int, style: 
             segments.append(Segment(" " * (width - cells), style))
         return Strip(segments, width)
     return Strip(segments, cells).crop_extend(start, start + width, style)
+
+
+class RowCursor(ScrollView, can_focus=True):
+    """A scrolling table of rows with a cursor kept in view: the rank table and the job list.
+    Subclasses say how many rows there are (:meth:`_row_count`) and bind the actions."""
+
+    cursor_row: var[int] = var(0, init=False)
+
+    def _row_count(self) -> int:
+        raise NotImplementedError
+
+    def validate_cursor_row(self, row: int) -> int:
+        return max(0, min(row, self._row_count() - 1))
+
+    def watch_cursor_row(self, old: int, new: int) -> None:
+        self._scroll_to_cursor()
+        self.refresh()
+
+    def _page(self) -> int:
+        return max(1, self.scrollable_content_region.height - 1)
+
+    def _scroll_to_cursor(self) -> None:
+        height = self._page()
+        top = round(self.scroll_y)
+        row = self.cursor_row
+        if row < top:
+            self.scroll_to(y=row, animate=False, immediate=True)
+        elif row >= top + height:
+            self.scroll_to(y=row - height + 1, animate=False, immediate=True)
+
+    def action_cursor_up(self) -> None:
+        self.cursor_row -= 1
+
+    def action_cursor_down(self) -> None:
+        self.cursor_row += 1
+
+    def action_page_up(self) -> None:
+        self.cursor_row -= self._page()
+
+    def action_page_down(self) -> None:
+        self.cursor_row += self._page()
+
+    def action_first(self) -> None:
+        self.cursor_row = 0
+
+    def action_last(self) -> None:
+        self.cursor_row = self._row_count() - 1

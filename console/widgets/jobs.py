@@ -22,13 +22,11 @@ from textual import events
 from textual.binding import Binding, BindingType
 from textual.geometry import Size
 from textual.message import Message
-from textual.reactive import var
-from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from elastic_agent.coordination.text import sanitize, strip_sgr
 
-from .common import JOB_STATE_STYLES, fit_row
+from .common import JOB_STATE_STYLES, RowCursor, fit_row
 
 __all__ = ["COLUMNS", "JobTable"]
 
@@ -48,7 +46,7 @@ def _cell(value: str, width: int) -> str:
     return set_cell_size(text, width) if len(text) != width or not text.isascii() else text
 
 
-class JobTable(ScrollView, can_focus=True):
+class JobTable(RowCursor):
     """Rows of ``(job id, state, cells...)`` (see :meth:`set_rows`), one cursor."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {"job-table--header", "job-table--cursor"}
@@ -85,7 +83,6 @@ class JobTable(ScrollView, can_focus=True):
         Binding("enter", "choose", "Attach", id="jobs.attach"),
     ]
 
-    cursor_row: var[int] = var(0, init=False)
 
     class Chosen(Message):
         """Enter (or a click) on a job's row."""
@@ -150,42 +147,8 @@ class JobTable(ScrollView, can_focus=True):
         self.cursor_row = row
 
     # -- the cursor ----------------------------------------------------------------------------
-    def validate_cursor_row(self, row: int) -> int:
-        return max(0, min(row, len(self.job_ids) - 1))
-
-    def watch_cursor_row(self, old: int, new: int) -> None:
-        self._scroll_to_cursor()
-        self.refresh()
-
-    def _page(self) -> int:
-        return max(1, self.scrollable_content_region.height - 1)
-
-    def _scroll_to_cursor(self) -> None:
-        height = self._page()
-        top = round(self.scroll_y)
-        row = self.cursor_row
-        if row < top:
-            self.scroll_to(y=row, animate=False, immediate=True)
-        elif row >= top + height:
-            self.scroll_to(y=row - height + 1, animate=False, immediate=True)
-
-    def action_cursor_up(self) -> None:
-        self.cursor_row -= 1
-
-    def action_cursor_down(self) -> None:
-        self.cursor_row += 1
-
-    def action_page_up(self) -> None:
-        self.cursor_row -= self._page()
-
-    def action_page_down(self) -> None:
-        self.cursor_row += self._page()
-
-    def action_first(self) -> None:
-        self.cursor_row = 0
-
-    def action_last(self) -> None:
-        self.cursor_row = len(self.job_ids) - 1
+    def _row_count(self) -> int:
+        return len(self.job_ids)
 
     def action_choose(self) -> None:
         job = self.selected

@@ -36,14 +36,12 @@ from textual import events
 from textual.binding import Binding, BindingType
 from textual.geometry import Size
 from textual.message import Message
-from textual.reactive import var
-from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from elastic_agent.coordination.text import sanitize
 
 from ..state import JobView, RankState
-from .common import RANK_STATE_STYLES, fit_row, fmt_age, fmt_bytes, safe_text
+from .common import RANK_STATE_STYLES, RowCursor, fit_row, fmt_age, fmt_bytes, safe_text
 
 __all__ = ["COLUMNS", "RankTable", "row_values"]
 
@@ -162,7 +160,7 @@ def header_segments(style: Style, sorted_by: str, reverse: bool) -> list[Segment
             for key, label, width, right in COLUMNS]
 
 
-class RankTable(ScrollView, can_focus=True):
+class RankTable(RowCursor):
     """The ranks of the job (see the module docstring)."""
 
     ALLOW_SELECT = False
@@ -212,8 +210,7 @@ class RankTable(ScrollView, can_focus=True):
         Binding("right", "scroll_right", "Right", show=False, id="ranks.right"),
     ]
 
-    #: Row of the cursor (0 = the first rank, below the header).
-    cursor_row: var[int] = var(0, init=False)
+    # ``cursor_row`` (RowCursor): row of the cursor (0 = the first rank, below the header).
 
     class RankHighlighted(Message):
         """The rank under the cursor changed (None: the table is empty)."""
@@ -366,12 +363,11 @@ class RankTable(ScrollView, can_focus=True):
         self.virtual_size = Size(ROW_WIDTH, len(self._order) + 1)
 
     # -- the cursor ----------------------------------------------------------------------------
-    def validate_cursor_row(self, row: int) -> int:
-        return max(0, min(row, len(self._order) - 1))
+    def _row_count(self) -> int:
+        return len(self._order)
 
     def watch_cursor_row(self, old: int, new: int) -> None:
-        self._scroll_to_cursor()
-        self.refresh()
+        super().watch_cursor_row(old, new)
         self._announce()
 
     def _move_cursor(self, row: int) -> None:
@@ -386,40 +382,10 @@ class RankTable(ScrollView, can_focus=True):
             self._highlighted = rank
             self.post_message(self.RankHighlighted(self, rank))
 
-    def _scroll_to_cursor(self) -> None:
-        height = max(1, self.scrollable_content_region.height - 1)
-        top = round(self.scroll_y)
-        row = self.cursor_row
-        if row < top:
-            self.scroll_to(y=row, animate=False, immediate=True)
-        elif row >= top + height:
-            self.scroll_to(y=row - height + 1, animate=False, immediate=True)
-
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
         if round(old_value) != round(new_value):
             self._sync_visible()  # rows scrolled into view were not kept current off screen
-
-    def _page(self) -> int:
-        return max(1, self.scrollable_content_region.height - 1)
-
-    def action_cursor_up(self) -> None:
-        self.cursor_row -= 1
-
-    def action_cursor_down(self) -> None:
-        self.cursor_row += 1
-
-    def action_page_up(self) -> None:
-        self.cursor_row -= self._page()
-
-    def action_page_down(self) -> None:
-        self.cursor_row += self._page()
-
-    def action_first(self) -> None:
-        self.cursor_row = 0
-
-    def action_last(self) -> None:
-        self.cursor_row = len(self._order) - 1
 
     def action_scroll_left(self) -> None:
         self.scroll_to(x=max(0, self.scroll_x - 8), animate=False, immediate=True)
