@@ -299,16 +299,40 @@ class ConsoleApp(App[int]):
 
     #: Below this width the resources panel folds away (console.tcss: ``Screen.-narrow``).
     NARROW_COLUMNS = 100
+    #: Below this height the timeline keeps two lines (console.tcss: ``Screen.-short``).
+    SHORT_ROWS = 30
+    #: The ranks' box is as high as its rows need, up to this share of the terminal's height;
+    #: at least 4 rows, 6 when the resources panel beside it shows (two labels, two sparklines).
+    TOP_SHARE = 0.35
+    _top_height = 0  # the height last given to #top (0: none yet)
 
-    def _fit_layout(self, width: int | None = None) -> None:
-        """Classes of the job screen for the terminal's size: CSS has no media queries."""
+    def _fit_layout(self, width: int | None = None, height: int | None = None) -> None:
+        """The job screen fitted to the terminal and the number of ranks (CSS has no media
+        queries): classes for the width and height, and the rank table's box as high as it
+        needs up to a cap, the rest going to the log view. Restyled only when that changes."""
         screen = getattr(self, "main_screen", None)
-        if screen is not None:
-            width = self.size.width if width is None else width
-            screen.set_class(width < self.NARROW_COLUMNS, "-narrow")
+        if screen is None:
+            return
+        width = self.size.width if width is None else width
+        height = self.size.height if height is None else height
+        narrow = width < self.NARROW_COLUMNS
+        screen.set_class(narrow, "-narrow")
+        screen.set_class(height < self.SHORT_ROWS, "-short")
+        cap = max(4, int(height * self.TOP_SHARE))
+        top = max(min(self.rank_table.wanted_height(), cap), 4 if narrow else 6)
+        if top != self._top_height:
+            self._top_height = top
+            screen.query_one("#top").styles.height = top
 
     def on_resize(self, event: ui_events.Resize) -> None:
-        self._fit_layout(event.size.width)
+        self._fit_layout(*event.size)
+        timeline = getattr(self, "timeline", None)
+        if timeline is not None and not timeline.has_focus:  # following: keep the newest shown
+            self.call_after_refresh(timeline.scroll_end, animate=False)
+
+    @on(RankTable.HeightWanted)
+    def _rank_rows_changed(self) -> None:
+        self._fit_layout()  # ranks came or went (or a scrollbar): the table's box follows
 
     def on_mount(self) -> None:
         self.main_screen = self.screen

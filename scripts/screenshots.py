@@ -4,6 +4,7 @@ A real redis-server, a real elastic-agent running examples/train.py with 4 worke
 injected crash on the first attempt, and the real ConsoleApp driven by Textual's Pilot:
 
     screenshots/overview.svg    the job after its restart: header, ranks, live logs, timeline
+    screenshots/overview-80x24.svg   the same in an 80x24 terminal (the layout gives way)
     screenshots/filtered.svg    the log view filtered with `/` to lines matching "loss"
     screenshots/failure.svg     the root cause of the crash, opened from the timeline
     screenshots/confirm.svg     the confirm dialog of `r` (Cancel focused)
@@ -51,6 +52,11 @@ async def shoot(url: str, job: str) -> None:
                     and view.lines_total > 200, 180, "the restart and fresh output")
         await pilot.pause(1.0)
         app.save_screenshot("overview.svg", str(OUT))
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause(1.0)
+        app.save_screenshot("overview-80x24.svg", str(OUT))
+        await pilot.resize_terminal(*SIZE)
+        await pilot.pause(0.5)
 
         await pilot.press("slash", *"loss", "enter")
         await pilot.pause(0.5)
@@ -141,7 +147,7 @@ def main() -> int:
                 a.terminate()
             for a in hung:
                 a.wait(60)
-    for name in ("overview", "filtered", "failure", "confirm", "help", "stacks", "home"):
+    for name in ("overview", "overview-80x24", "filtered", "failure", "confirm", "help", "stacks", "home"):
         print(OUT / f"{name}.svg")
     return 0
 

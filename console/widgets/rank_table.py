@@ -19,6 +19,16 @@ Row 0 of the widget is the header (it does not scroll). ``o`` cycles the sort co
 reverses it (app keys); clicking a header sorts by that column, clicking a row selects it.
 Moving the cursor posts :class:`RankTable.RankHighlighted` when the selected rank changes.
 
+Narrow terminals (issue 15): the columns shown depend on the widget's width. When the row does
+not fit, columns are dropped in :data:`DROP_ORDER` (LOCAL, PID, RSS, CPU%, HOST) until it does,
+so RANK, STATE, RESTARTS, EXIT and QUIET are the last ones standing (at 80 columns: all but
+LOCAL and PID). The shown ones keep their order. This is worked out when the widget is resized
+or the number of ranks changes (a vertical scrollbar takes width), never per frame. ``o`` steps
+through the shown columns only; a sort by a column that a resize hid is kept (the title still
+says what the rows are sorted by: shuffling them because the window shrank would lose the
+user's place). :meth:`RankTable.wanted_height` is the height that shows every rank; the table
+posts :class:`RankTable.HeightWanted` when it changes (the app fits the layout to it).
+
 Untrusted text: host names come from the job. Every cell is sanitized and drawn as plain
 Segments (never markup); SGR colours in a host name are decoded like any other job text.
 """
@@ -43,7 +53,7 @@ from elastic_agent.coordination.text import sanitize
 from ..state import JobView, RankState
 from .common import RANK_STATE_STYLES, RowCursor, fit_row, fmt_age, fmt_bytes, safe_text
 
-__all__ = ["COLUMNS", "RankTable", "row_values"]
+__all__ = ["COLUMNS", "DROP_ORDER", "RankTable", "fit_columns", "row_values"]
 
 #: (key, header, width, right-aligned)
 COLUMNS: tuple[tuple[str, str, int, bool], ...] = (
@@ -61,9 +71,29 @@ COLUMNS: tuple[tuple[str, str, int, bool], ...] = (
 _KEYS = tuple(c[0] for c in COLUMNS)
 #: Cells of padding on each side of a column's text.
 PAD = 1
-#: Where each column starts (cells from the left edge), and the full row width.
-_STARTS = (0, *accumulate(w + 2 * PAD for _, _, w, _ in COLUMNS))
-ROW_WIDTH = _STARTS[-1]
+#: The columns given up, first to last, when the row is wider than the table (see the module
+#: docstring): the ones that are not in this list are always shown.
+DROP_ORDER = ("local", "pid", "rss", "cpu", "host")
+ALL_COLUMNS = tuple(range(len(COLUMNS)))
+
+
+def row_width(columns: tuple[int, ...]) -> int:
+    """Cells of a row made of ``columns`` (indices into :data:`COLUMNS`)."""
+    return sum(COLUMNS[i][2] + 2 * PAD for i in columns)
+
+
+def fit_columns(width: int) -> tuple[int, ...]:
+    """The columns shown in ``width`` cells (indices into :data:`COLUMNS`, in display order):
+    every column, less the first ones of :data:`DROP_ORDER` as long as the row is too wide."""
+    shown = list(ALL_COLUMNS)
+    for key in DROP_ORDER:
+        if row_width(tuple(shown)) <= width:
+            break
+        shown.remove(_KEYS.index(key))
+    return tuple(shown)
+
+
+ROW_WIDTH = row_width(ALL_COLUMNS)
 _STATE_ORDER = {"failed": 0, "stalled": 1, "restarting": 2, "waiting": 3, "stopped": 4,
                 "running": 5, "exited": 6}
 _EXIT_BAD = Style(color="red")
@@ -133,13 +163,15 @@ def _fit(text: str, width: int, right: bool) -> str:
 
 
 def row_segments(values: tuple[str, ...], base: Style, render_ansi: Callable[..., list[Segment]],
-                 ) -> list[Segment]:
-    """One rank's row, ``ROW_WIDTH`` cells: padding in ``base``, each text in ``base`` plus
-    its column's colour. ``render_ansi(text, style, width)`` draws a cell whose (sanitized)
-    text still carries SGR colours."""
+                 columns: tuple[int, ...] = ALL_COLUMNS) -> list[Segment]:
+    """One rank's row of ``columns`` (``row_width(columns)`` cells): padding in ``base``, each
+    text in ``base`` plus its column's colour. ``render_ansi(text, style, width)`` draws a cell
+    whose (sanitized) text still carries SGR colours."""
     pad = Segment(" " * PAD, base)
     out: list[Segment] = []
-    for (key, _, width, right), value in zip(COLUMNS, values):
+    for i in columns:
+        key, _, width, right = COLUMNS[i]
+        value = values[i]
         text = sanitize(value)
         style = base + _cell_style(key, value)
         out.append(pad)
@@ -151,13 +183,14 @@ def row_segments(values: tuple[str, ...], base: Style, render_ansi: Callable[...
     return out
 
 
-def header_segments(style: Style, sorted_by: str, reverse: bool) -> list[Segment]:
-    """The header row: each label aligned like its column, the sort column marked in its
-    right padding cell (a wider label would be cut)."""
+def header_segments(style: Style, sorted_by: str, reverse: bool,
+                    columns: tuple[int, ...] = ALL_COLUMNS) -> list[Segment]:
+    """The header row of ``columns``: each label aligned like its column, the sort column
+    marked in its right padding cell (a wider label would be cut)."""
     pad = " " * PAD
     mark = pad[:-1] + ("▼" if reverse else "▲")
     return [Segment(pad + _fit(label, width, right) + (mark if key == sorted_by else pad), style)
-            for key, label, width, right in COLUMNS]
+            for key, label, width, right in (COLUMNS[i] for i in columns)]
 
 
 class RankTable(RowCursor):
@@ -224,6 +257,9 @@ class RankTable(RowCursor):
         def control(self) -> RankTable:
             return self.table
 
+    class HeightWanted(Message):
+        """:meth:`RankTable.wanted_height` changed (ranks came or went, a scrollbar)."""
+
     class SortChanged(Message):
         """The sort order changed by a header click (the app tells the user)."""
 
@@ -242,6 +278,13 @@ class RankTable(RowCursor):
         self._now_ms = 0
         self._highlighted: int | None = None  # the rank last announced by RankHighlighted
         self._styles: tuple[Style, Style, Style] | None = None  # base, header, cursor
+        # The columns shown (indices into COLUMNS), where each starts, the row's width: fitted
+        # to the widget's width by _fit_columns.
+        self._columns: tuple[int, ...] = ALL_COLUMNS
+        self._starts: tuple[int, ...] = ()
+        self._row_width = ROW_WIDTH
+        self._set_columns(ALL_COLUMNS)
+        self._wanted_height = 0  # the height last announced by HeightWanted
 
     # -- queries -----------------------------------------------------------------------------
     @property
@@ -262,6 +305,18 @@ class RankTable(RowCursor):
     def shown_row(self, rank: int) -> tuple[str, ...] | None:
         """The cell texts last drawn (or compared on screen) for ``rank``; None if never."""
         return self._shown.get(rank)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The keys of the columns shown, left to right."""
+        return tuple(_KEYS[i] for i in self._columns)
+
+    def wanted_height(self) -> int:
+        """The outer height that shows the header and every rank (and the horizontal
+        scrollbar when even the fewest columns are wider than the table), as last announced
+        by :class:`HeightWanted` (0: not yet). Worked out when the columns are fitted: in
+        between, the width may have changed before the columns followed."""
+        return self._wanted_height
 
     def sort_description(self) -> str:
         label = dict((k, h) for k, h, _, _ in COLUMNS)[self.sort_column]
@@ -297,8 +352,11 @@ class RankTable(RowCursor):
         if reverse:
             self.sort_reverse = not self.sort_reverse
         else:
+            # The next column shown (RANK is always shown): the user sees what sorts.
             i = _KEYS.index(self.sort_column)
-            self.sort_column = _KEYS[(i + 1) % len(_KEYS)]
+            shown = self.columns
+            self.sort_column = next((k for k in _KEYS[i + 1:] + _KEYS[:i + 1] if k in shown),
+                                    "rank")
             self.sort_reverse = False
         self._resort()
         return self.sort_description()
@@ -360,7 +418,45 @@ class RankTable(RowCursor):
             self.refresh()
 
     def _resize(self) -> None:
-        self.virtual_size = Size(ROW_WIDTH, len(self._order) + 1)
+        self._fit_columns()  # a vertical scrollbar may come or go with the rows
+        self.virtual_size = Size(self._row_width, len(self._order) + 1)
+        self._announce_height()
+
+    # -- the columns shown ----------------------------------------------------------------------
+    def on_resize(self, event: events.Resize) -> None:
+        self._fit_columns()
+        self.virtual_size = Size(self._row_width, len(self._order) + 1)
+        self._announce_height()
+
+    def _fit_width(self) -> int:
+        """Cells for a row: inside the border, less the vertical scrollbar when the ranks do
+        not all fit in the height (the scrollbar takes width before the columns do)."""
+        width, height = self.container_size
+        if len(self._order) + 1 > height:
+            width -= self.styles.scrollbar_size_vertical
+        return width
+
+    def _fit_columns(self) -> None:
+        if not self.container_size.width:
+            return  # not laid out yet: the first Resize fits them
+        columns = fit_columns(self._fit_width())
+        if columns != self._columns:
+            self._set_columns(columns)
+            self._rows.clear()
+            self.refresh()
+
+    def _set_columns(self, columns: tuple[int, ...]) -> None:
+        self._columns = columns
+        self._starts = (0, *accumulate(COLUMNS[i][2] + 2 * PAD for i in columns))
+        self._row_width = self._starts[-1]
+
+    def _announce_height(self) -> None:
+        height = len(self._order) + 1 + self.styles.gutter.height
+        if self.container_size.width and self._row_width > self._fit_width():
+            height += self.styles.scrollbar_size_horizontal
+        if height != self._wanted_height:
+            self._wanted_height = height
+            self.post_message(self.HeightWanted())
 
     # -- the cursor ----------------------------------------------------------------------------
     def _row_count(self) -> int:
@@ -400,9 +496,9 @@ class RankTable(RowCursor):
         event.stop()
         if offset.y == 0:  # the header: sort by the column clicked
             x = offset.x + round(self.scroll_x)
-            for i, key in enumerate(_KEYS):
-                if _STARTS[i] <= x < _STARTS[i + 1]:
-                    self.sort_by(key)
+            for i, column in enumerate(self._columns):
+                if self._starts[i] <= x < self._starts[i + 1]:
+                    self.sort_by(_KEYS[column])
                     self.post_message(self.SortChanged(self.sort_description()))
                     return
             return
@@ -441,8 +537,9 @@ class RankTable(RowCursor):
         width = self.scrollable_content_region.width
         base, header, cursor = self._get_styles()
         if y == 0:
-            segments = header_segments(header, self.sort_column, self.sort_reverse)
-            return fit_row(segments, ROW_WIDTH, scroll_x, width, header)
+            segments = header_segments(header, self.sort_column, self.sort_reverse,
+                                       self._columns)
+            return fit_row(segments, self._row_width, scroll_x, width, header)
         i = scroll_y + y - 1
         if i >= len(self._order) or self._view is None:
             return Strip.blank(width, base)
@@ -454,9 +551,10 @@ class RankTable(RowCursor):
                 return Strip.blank(width, base)
             values = self._shown[rank] = row_values(rs, self._now_ms)
         if i == self.cursor_row:
-            segments = row_segments(values, cursor, self._render_ansi)
-            return fit_row(segments, ROW_WIDTH, scroll_x, width, cursor)
+            segments = row_segments(values, cursor, self._render_ansi, self._columns)
+            return fit_row(segments, self._row_width, scroll_x, width, cursor)
         row = self._rows.get(rank)
         if row is None:
-            row = self._rows[rank] = row_segments(values, base, self._render_ansi)
-        return fit_row(list(row), ROW_WIDTH, scroll_x, width, base)
+            row = self._rows[rank] = row_segments(values, base, self._render_ansi,
+                                                  self._columns)
+        return fit_row(list(row), self._row_width, scroll_x, width, base)
