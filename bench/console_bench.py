@@ -743,11 +743,12 @@ def _newest_age_ms(app: BenchConsole) -> float:
     return time.time() * 1000 - buf.get(buf.total_appended - 1)[0]
 
 
-async def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
+async def _wait(cond: Callable[[], bool], timeout: float, what: str,
+                state: Callable[[], str] = lambda: "") -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
-            raise SystemExit(f"console: {what} not reached within {timeout:g} s")
+            raise SystemExit(f"console: {what} not reached within {timeout:g} s {state()}")
         await asyncio.sleep(0.05)  # polling a condition with a deadline
 
 
@@ -767,7 +768,9 @@ async def console_run(args: argparse.Namespace) -> dict[str, Any]:
         result["history_lines"] = app.view.lines_total
         t_loaded = time.perf_counter()
         await _wait(lambda: time.perf_counter() - t_loaded >= STEADY_MIN_S
-                    and _newest_age_ms(app) < STEADY_LAG_MS, 60, "steady feed")
+                    and _newest_age_ms(app) < STEADY_LAG_MS, 60, "steady feed",
+                    lambda: f"(newest line {_newest_age_ms(app):.0f} ms old, "
+                            f"{app.view.lines_total:,} lines absorbed)")
         result["steady_s"] = time.perf_counter() - t_loaded
 
         # -- the measured window ----------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import Any
 
 from elastic_agent.coordination.stack_dumps import format_ranks
 
-from .logbuffer import LogBuffer
+from .logbuffer import LogBuffer, LogRing
 
 __all__ = ["Collapser", "Group", "UniqueLogs", "collapsed_label", "format_ranks"]
 
@@ -165,7 +165,7 @@ class UniqueLogs:
     row of its own, at the end.
     """
 
-    def __init__(self, source: LogBuffer, capacity: int | None = None,
+    def __init__(self, source: LogRing, capacity: int | None = None,
                  collapser: Collapser | None = None) -> None:
         self.source = source
         self.buffer = LogBuffer(capacity or source.capacity)
@@ -243,7 +243,7 @@ class UniqueLogs:
             if len(self._groups) > _LIVE_LIMIT:
                 self._groups = dict(list(self._groups.items())[-_LIVE_LIMIT:])
 
-    def _take_edits(self, src: LogBuffer) -> None:
+    def _take_edits(self, src: LogRing) -> None:
         seqs = src.edited_since(self._edits)
         self._edits = src.edits
         for seq in dict.fromkeys(seqs or ()):  # (None: too many to know which; rows stay)

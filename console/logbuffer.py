@@ -14,6 +14,9 @@ changed with :meth:`~LogBuffer.replace`: a view also remembers ``edits`` and ask
 (``seq % capacity``), grown lazily up to ``capacity``: unlike ``collections.deque``, indexing
 the middle is O(1), and ``extend`` is a couple of slice assignments (C speed).
 
+:class:`LogRing` is the contract (counters, edits, reads); :class:`LogBuffer` keeps every line
+as its tuple, :class:`~elastic_console.packed_buffer.PackedLogBuffer` packs older lines.
+
 Not thread-safe: one writer, on the thread that also reads it (the console's event loop).
 """
 
@@ -23,7 +26,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple, overload
 
-__all__ = ["LogBuffer", "LogLine"]
+__all__ = ["LogBuffer", "LogLine", "LogRing"]
 
 #: Replacements remembered for views; a view that missed more redraws everything.
 EDITS_KEPT = 1024
@@ -42,16 +45,20 @@ class LogLine(NamedTuple):
     text: str
 
 
-class LogBuffer(Sequence[LogLine]):
-    """The newest ``capacity`` lines appended, oldest first, and a count of all ever appended."""
+class LogRing(Sequence[LogLine]):
+    """The newest ``capacity`` lines appended, oldest first, and a count of all ever appended.
 
-    __slots__ = ("_buf", "_cap", "_edited", "_edits", "_start", "_total")
+    The counters, the edit log and the reads built on :meth:`get` and :meth:`lines_between`
+    live here; a subclass stores the lines (:meth:`append`, :meth:`extend`, :meth:`_put`,
+    :meth:`get`, :meth:`lines_between`, :meth:`_forget`).
+    """
 
-    def __init__(self, capacity: int = 200_000) -> None:
+    __slots__ = ("_cap", "_edited", "_edits", "_start", "_total")
+
+    def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self._cap = int(capacity)
-        self._buf: list[LogLine] = []  # grows to _cap, then is a ring indexed by seq % _cap
         self._total = 0  # lines ever appended
         self._start = 0  # seq of the oldest line held (moves on overflow and on clear())
         self._edits = 0  # lines ever replaced
@@ -85,6 +92,99 @@ class LogBuffer(Sequence[LogLine]):
         return self._total > self._start
 
     # -- writing --------------------------------------------------------------------------------
+
+    def append(self, line: LogLine) -> None:
+        self.extend([line])
+
+    def extend(self, lines: Iterable[LogLine]) -> int:  # pragma: no cover - abstract
+        """Append many lines. Returns how many."""
+        raise NotImplementedError
+
+    def _put(self, seq: int, line: LogLine) -> None:  # pragma: no cover - abstract
+        """Store ``line`` at ``seq`` (held: ``first_seq <= seq < total_appended``)."""
+        raise NotImplementedError
+
+    def _forget(self) -> None:
+        """Drop the storage of every line below ``first_seq`` (after :meth:`clear`)."""
+
+    def replace(self, seq: int, line: LogLine) -> bool:
+        """Put ``line`` where the line ``seq`` is (a newer state of a line redrawn in place).
+        False if that line is not held any more. Counted in :attr:`edits`."""
+        if not self._start <= seq < self._total:
+            return False
+        self._put(seq, line)
+        self._edits += 1
+        self._edited.append(seq)
+        return True
+
+    @property
+    def edits(self) -> int:
+        """Replacements ever made (monotonic)."""
+        return self._edits
+
+    def edited_since(self, edits: int) -> list[int] | None:
+        """The seqs replaced since :attr:`edits` was ``edits``, oldest first (a seq may repeat);
+        None if that is more than the buffer remembers (:data:`EDITS_KEPT`)."""
+        n = self._edits - edits
+        if n <= 0:
+            return []
+        if n > len(self._edited):
+            return None
+        return list(self._edited)[-n:]
+
+    def clear(self) -> None:
+        """Forget every line held; ``total_appended`` keeps counting (views see a front drop)."""
+        self._start = self._total
+        self._forget()
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def get(self, seq: int) -> LogLine:  # pragma: no cover - abstract
+        """The line with absolute sequence number ``seq`` (IndexError if dropped or not yet)."""
+        raise NotImplementedError
+
+    def lines_between(self, start_seq: int, end_seq: int) -> list[LogLine]:  # pragma: no cover
+        """Lines with ``start_seq <= seq < end_seq`` that are still held, oldest first.
+
+        The range is clamped to what is held: the first returned line has
+        ``seq == max(start_seq, first_seq)``.
+        """
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, index: int) -> LogLine: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[LogLine]: ...
+
+    def __getitem__(self, index: int | slice) -> LogLine | list[LogLine]:
+        size = self._total - self._start
+        if isinstance(index, slice):
+            lo, hi, step = index.indices(size)
+            if step == 1:
+                return self.lines_between(self._start + lo, self._start + max(lo, hi))
+            return [self.get(self._start + i) for i in range(lo, hi, step)]
+        if index < 0:
+            index += size
+        if not 0 <= index < size:
+            raise IndexError("LogBuffer index out of range")
+        return self.get(self._start + index)
+
+    def __iter__(self) -> Iterator[LogLine]:
+        return iter(self.lines_between(self._start, self._total))
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(capacity={self._cap}, len={len(self)}, "
+                f"total_appended={self._total})")
+
+
+class LogBuffer(LogRing):
+    """A :class:`LogRing` that keeps every line as its tuple in a plain list used as a ring."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self, capacity: int = 200_000) -> None:
+        super().__init__(capacity)
+        self._buf: list[LogLine] = []  # grows to _cap, then is a ring indexed by seq % _cap
 
     def append(self, line: LogLine) -> None:
         buf, cap = self._buf, self._cap
@@ -133,60 +233,14 @@ class LogBuffer(Sequence[LogLine]):
             self._start = self._total - cap
         return n
 
-    def replace(self, seq: int, line: LogLine) -> bool:
-        """Put ``line`` where the line ``seq`` is (a newer state of a line redrawn in place).
-        False if that line is not held any more. Counted in :attr:`edits`."""
-        if not self._start <= seq < self._total:
-            return False
+    def _put(self, seq: int, line: LogLine) -> None:
         self._buf[seq % self._cap] = line
-        self._edits += 1
-        self._edited.append(seq)
-        return True
-
-    @property
-    def edits(self) -> int:
-        """Replacements ever made (monotonic)."""
-        return self._edits
-
-    def edited_since(self, edits: int) -> list[int] | None:
-        """The seqs replaced since :attr:`edits` was ``edits``, oldest first (a seq may repeat);
-        None if that is more than the buffer remembers (:data:`EDITS_KEPT`)."""
-        n = self._edits - edits
-        if n <= 0:
-            return []
-        if n > len(self._edited):
-            return None
-        return list(self._edited)[-n:]
-
-    def clear(self) -> None:
-        """Forget every line held; ``total_appended`` keeps counting (views see a front drop)."""
-        self._start = self._total
-
-    # -- reading --------------------------------------------------------------------------------
 
     def get(self, seq: int) -> LogLine:
         """The line with absolute sequence number ``seq`` (IndexError if dropped or not yet)."""
         if not self._start <= seq < self._total:
             raise IndexError(f"seq {seq} not in [{self._start}, {self._total})")
         return self._buf[seq % self._cap]
-
-    @overload
-    def __getitem__(self, index: int) -> LogLine: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[LogLine]: ...
-
-    def __getitem__(self, index: int | slice) -> LogLine | list[LogLine]:
-        size = self._total - self._start
-        if isinstance(index, slice):
-            lo, hi, step = index.indices(size)
-            if step == 1:
-                return self.lines_between(self._start + lo, self._start + max(lo, hi))
-            return [self._buf[(self._start + i) % self._cap] for i in range(lo, hi, step)]
-        if index < 0:
-            index += size
-        if not 0 <= index < size:
-            raise IndexError("LogBuffer index out of range")
-        return self._buf[(self._start + index) % self._cap]
 
     def lines_between(self, start_seq: int, end_seq: int) -> list[LogLine]:
         """Lines with ``start_seq <= seq < end_seq`` that are still held, oldest first.
@@ -204,10 +258,3 @@ class LogBuffer(Sequence[LogLine]):
         if pa + n <= cap:
             return buf[pa:pa + n]
         return buf[pa:] + buf[:pa + n - cap]
-
-    def __iter__(self) -> Iterator[LogLine]:
-        return iter(self.lines_between(self._start, self._total))
-
-    def __repr__(self) -> str:
-        return (f"LogBuffer(capacity={self._cap}, len={len(self)}, "
-                f"total_appended={self._total})")

@@ -55,11 +55,12 @@ few hundred events (events carry pids, timestamps or counters, so a genuine repe
 identical; ``logs_dropped`` is exempt).
 
 Memory is bounded: ``scrollback`` lines per rank (default 2,000), ``all_scrollback`` lines in the
-interleaved all-ranks view (default 200,000; the same line objects, shared), a bounded timeline,
-bounded resource history. For 1,024 ranks that is at most ~2M lines held (a few hundred MB of
-text at most, usually far less: most ranks print far fewer lines than that).
+interleaved all-ranks view (default 50,000; the same line objects as the ranks' newest), a
+bounded timeline, bounded resource history. For 1,024 ranks that is at most ~2M lines held:
+the ranks' rings pack all but their newest lines
+(:class:`~elastic_console.packed_buffer.PackedLogBuffer`, ~40 bytes a line instead of ~240).
 
-Log lines live in :class:`~elastic_console.logbuffer.LogBuffer` rings (O(1) indexing,
+Log lines live in :class:`~elastic_console.logbuffer.LogRing` rings (O(1) indexing,
 ``total_appended`` tells a view what is new), one per rank and one for all ranks, so a log view
 shows one rank by pointing at that rank's ring: no filtering scan. A line is a *plain* tuple
 ``(server_ms, rank, stream, text)``, field-compatible with
@@ -88,7 +89,8 @@ from elastic_agent.coordination.text import sanitize
 
 from .dedupe import format_ranks
 from .inplace import InPlaceRows
-from .logbuffer import LogBuffer, LogLine
+from .logbuffer import LogBuffer, LogLine, LogRing
+from .packed_buffer import PackedLogBuffer
 
 __all__ = ["BatchDeduper", "ConnectionChange", "JobView", "LogBuffer", "LogLine", "NodeInfo",
            "RankState", "TimelineEntry"]
@@ -223,9 +225,9 @@ class JobView:
     Timeline: ``timeline``, a deque of :class:`TimelineEntry` bounded by ``timeline_limit``,
     oldest first; ``timeline_total`` counts every entry ever added (a UI that remembers it
     knows how many are new, and how many fell off the front).
-    Logs: ``logs`` (rank -> :class:`LogBuffer` of ``scrollback`` lines) and ``all_logs``
+    Logs: ``logs`` (rank -> :class:`PackedLogBuffer` of ``scrollback`` lines) and ``all_logs``
     (one :class:`LogBuffer` of every rank interleaved in arrival order, ``all_scrollback``
-    lines; the same tuples as the per-rank rings). ``lines_total`` counts every line ever
+    lines; the same tuples as the per-rank rings' newest lines). ``lines_total`` counts every line ever
     appended to ``all_logs``. :meth:`buffer_for` gives a rank's ring even before it printed,
     so a view can point at it and see its first lines arrive.
     Change tracking: ``version`` goes up on every change, never otherwise.
@@ -268,7 +270,7 @@ class JobView:
         self.ranks: dict[int, RankState] = {}
         self.timeline: deque[TimelineEntry] = deque(maxlen=timeline_limit)
         self.timeline_total: int = 0
-        self.logs: dict[int, LogBuffer] = {}
+        self.logs: dict[int, LogRing] = {}
         self.all_logs: LogBuffer = LogBuffer(self.all_scrollback)
         self.lines_dropped: int = 0
         # -- bookkeeping
@@ -336,7 +338,7 @@ class JobView:
         """Lines ever appended to the interleaved view (monotonic)."""
         return self.all_logs.total_appended
 
-    def logs_for(self, rank: int) -> LogBuffer:
+    def logs_for(self, rank: int) -> LogRing:
         """The scrollback of one rank, oldest first (an empty ring if it never printed).
 
         Does not create the rank's ring: use :meth:`buffer_for` to hold on to it.
@@ -344,12 +346,12 @@ class JobView:
         buf = self.logs.get(rank)
         return buf if buf is not None else LogBuffer(1)
 
-    def buffer_for(self, rank: int) -> LogBuffer:
+    def buffer_for(self, rank: int) -> LogRing:
         """The ring of one rank, created empty if it never printed: a view pointed at it sees
         the rank's lines as they arrive."""
         buf = self.logs.get(rank)
         if buf is None:
-            buf = self.logs[rank] = LogBuffer(self.scrollback)
+            buf = self.logs[rank] = PackedLogBuffer(self.scrollback)
         return buf
 
     def tail(self, n: int, rank: int | None = None, stream: str | None = None) -> list[LogLine]:
@@ -481,7 +483,7 @@ class JobView:
             return
         buf = self.logs.get(rank)
         if buf is None:
-            buf = self.logs[rank] = LogBuffer(self.scrollback)
+            buf = self.logs[rank] = PackedLogBuffer(self.scrollback)
         if row is not None and made:
             first = made.pop(0)
             buf.replace(row[0], first)  # type: ignore[arg-type]

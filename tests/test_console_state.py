@@ -18,11 +18,11 @@ from elastic_agent.coordination.protocol import (
     encode_log_batch,
 )
 from elastic_agent.coordination.text import sanitize, strip_sgr
+from elastic_console.packed_buffer import PackedLogBuffer
 from elastic_console.state import (
     RESOURCE_HISTORY,
     ConnectionChange,
     JobView,
-    LogBuffer,
     LogLine,
 )
 
@@ -444,7 +444,7 @@ def test_logs_live_in_ring_buffers_of_plain_tuples():
     assert v.scrollback == 3 and v.all_scrollback == 5
     assert JobView("k", scrollback=10, all_scrollback=4).all_scrollback == 10  # >= one rank
     ring = v.buffer_for(7)  # before rank 7 printed: a view can point at it already
-    assert isinstance(ring, LogBuffer) and len(ring) == 0 and v.buffer_for(7) is ring
+    assert isinstance(ring, PackedLogBuffer) and len(ring) == 0 and v.buffer_for(7) is ring
     v.apply_logs(batch(7, ["a", "b", "c", "d"], seq=1))
     v.apply_logs(batch(1, ["x", "y"], seq=1))
     assert [t for *_, t in ring] == ["b", "c", "d"] and ring.total_appended == 4

@@ -11,6 +11,7 @@ import string
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
+from elastic_agent.coordination import text as text_module
 from elastic_agent.coordination.protocol import (
     Command,
     CommandType,
@@ -24,9 +25,11 @@ from elastic_agent.coordination.protocol import (
     decode_command,
     decode_event,
     decode_log_batch,
+    decode_log_entry,
     encode_command,
+    encode_log_batch,
 )
-from elastic_agent.coordination.text import terminal_line
+from elastic_agent.coordination.text import sanitize, terminal_line
 from elastic_console.state import JobView
 from tests.agents import SCRIPTS, Agent, wait_until
 from tests.test_agent import FAST, agent_args, of_type, worker_pids
@@ -90,6 +93,46 @@ def test_decoders_are_total(fields):
                     decode(raw)
 
 
+near_logs = st.fixed_dictionaries({
+    "v": st.sampled_from(["1", "1", "9", ""]), "node": st.text(max_size=10) | hostile_text,
+    "rank": st.sampled_from(["0", "7", "-1", "1" * 25, " 3", "x", "1_0"]),
+    "lrank": st.sampled_from(["0", "-1", "-2", "99999999999999999999"]),
+    "attempt": st.sampled_from(["0", "2", "-1"]), "s": st.sampled_from(["out", "err", "OUT"]),
+    "seq": st.sampled_from(["1", "0", "-5", "x"]),
+    "lines": st.lists(st.text(max_size=20) | hostile_text, min_size=1, max_size=3)
+    .map("\n".join)}, optional={"live": st.sampled_from(["1", "0", "yes"])})
+
+
+_CANONICAL = {"v": "1", "node": "n", "rank": "3", "lrank": "1", "attempt": "0", "s": "out",
+              "seq": "4", "lines": "a\nb"}
+
+
+@settings(max_examples=400, deadline=None)
+@given(near_logs | records, st.booleans())
+@example({**_CANONICAL, "lrank": "9" * 20}, False)
+@example({**_CANONICAL, "seq": "9" * 20}, False)
+@example({**_CANONICAL, "live": "1"}, False)
+@example({**_CANONICAL, "live": "2"}, False)
+@example({**_CANONICAL, "v": "2"}, False)
+def test_the_positional_log_decoder_agrees_with_the_mapping_one(fields, shuffle):
+    """decode_log_entry reads the agent's field order by position and anything else through
+    decode_log_batch: both give the same batch (or both refuse) for any fields."""
+    f = _bytes_fields(fields)
+    items = list(f.items())
+    if shuffle:
+        items.reverse()
+    flat = [x for item in items for x in item]
+    assert decode_log_entry("5-0", flat) == decode_log_batch("5-0", dict(items))
+    assert decode_log_entry("5-0", flat[:-1]) in (None, decode_log_batch("5-0", dict(items[:-1])))
+
+
+def test_the_positional_log_decoder_reads_what_the_agent_writes():
+    for live in (False, True):
+        sent = LogBatch("n-1", 3, 1, 2, "err", 9, ["a", "\x1b[2Jb"], "7-1", live)
+        flat = [x for k, v in encode_log_batch(sent).items() for x in (k.encode(), v.encode())]
+        assert decode_log_entry("7-1", flat) == sent
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(near_events, max_size=12))
 def test_the_console_fold_never_raises(entries):
@@ -121,6 +164,20 @@ def test_the_terminal_policy_lets_no_control_through(text):
     assert _VISIBLE.fullmatch(without_sgr), repr(on_tty)
     if "\x1b" in on_tty:
         assert on_tty.endswith("\x1b[0m")
+
+
+_UNSAFE_CHARS = "".join(map(chr, [*range(0x00, 0x09), *range(0x0A, 0x20), *range(0x7F, 0xA0),
+                                   0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text() | st.text(alphabet=string.printable + _UNSAFE_CHARS + "\u00ad\u200b\ufeffé")
+       | st.lists(sgr_pieces, max_size=8).map("".join))
+def test_sanitize_fast_paths_change_nothing(text):
+    """The printable shortcut returns a line only when escaping would not change it."""
+    safe = sanitize(text)
+    assert safe == text_module._TOKEN_RE.sub(text_module._replace, text)
+    assert not any(ch in _UNSAFE_CHARS.replace("\x1b", "") for ch in safe)
 
 
 # -- live: a real agent, the CLI -----------------------------------------------------------------

@@ -16,6 +16,7 @@ from textual.strip import Strip
 
 from elastic_agent.coordination.text import sanitize, strip_sgr
 from elastic_console.logbuffer import LogBuffer, LogLine
+from elastic_console.packed_buffer import PackedLogBuffer
 from elastic_console.widgets import LogView
 from elastic_console.widgets import log_view as log_view_module
 from elastic_console.widgets.log_view import text_cells
@@ -74,8 +75,12 @@ def top_seq(view: LogView) -> int | None:
 # -- LogBuffer ----------------------------------------------------------------------------------
 
 
-def test_buffer_capacity_counter_and_front_drop() -> None:
-    buf = LogBuffer(5)
+RINGS = pytest.mark.parametrize("ring", [LogBuffer, PackedLogBuffer])
+
+
+@RINGS
+def test_buffer_capacity_counter_and_front_drop(ring: type[LogBuffer]) -> None:
+    buf = ring(5)
     assert len(buf) == 0 and buf.total_appended == 0 and buf.first_seq == 0 and not buf
     for line in lines(3):
         buf.append(line)
@@ -101,10 +106,11 @@ def test_buffer_capacity_counter_and_front_drop() -> None:
     assert [ln.text for ln in buf] == ["line 19", "line 20"] and buf.first_seq == 19
 
 
-def test_buffer_matches_a_reference_model() -> None:
+@RINGS
+def test_buffer_matches_a_reference_model(ring: type[LogBuffer]) -> None:
     rnd = random.Random(7)
-    for cap in (1, 2, 7, 64):
-        buf = LogBuffer(cap)
+    for cap in (1, 2, 7, 64, 200):
+        buf = ring(cap)
         ref: list[LogLine] = []  # everything ever appended
         for _ in range(300):
             k = rnd.choice([0, 1, 2, 3, cap - 1, cap, cap + 1, 2 * cap + 3])
@@ -125,16 +131,18 @@ def test_buffer_matches_a_reference_model() -> None:
                 assert buf[-1] == kept[-1]
                 a, b = sorted(rnd.randrange(len(ref) + 1) for _ in range(2))
                 assert buf.lines_between(a, b) == ref[max(a, buf.first_seq):b]
-    # Storage never grows past the capacity.
+
+def test_buffer_storage_never_grows_past_the_capacity() -> None:
     big = LogBuffer(1000)
     for i in range(50):
         big.extend(lines(97, start=i * 97))
     assert len(big._buf) == 1000
 
 
-def test_buffer_rejects_nonpositive_capacity() -> None:
+@RINGS
+def test_buffer_rejects_nonpositive_capacity(ring: type[LogBuffer]) -> None:
     with pytest.raises(ValueError):
-        LogBuffer(0)
+        ring(0)
 
 
 # -- hostile text -------------------------------------------------------------------------------

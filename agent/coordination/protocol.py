@@ -28,7 +28,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 PROTOCOL_VERSION = 1
 #: Record versions a reader of this module understands; a record of any other is skipped.
@@ -408,9 +408,12 @@ STDOUT = "out"
 STDERR = "err"
 
 
-@dataclass(frozen=True)
-class LogBatch:
+class LogBatch(NamedTuple):
     """Consecutive lines of one worker's stdout or stderr.
+
+    A NamedTuple, not a frozen dataclass: a console reads tens of thousands a second, and a
+    frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field) cost ~3 us of the
+    ~10 us a batch may take there (``bench/console_bench.py``, 4,096 ranks).
 
     ``seq`` numbers a worker's batches within an attempt, so a reader can drop the
     duplicate a retried XADD may write (Redis 7 has no idempotent XADD).
@@ -495,6 +498,39 @@ def decode_log_batch(entry_id: str | bytes, fields: Mapping[Any, Any]) -> LogBat
                 live=_LIVE[f.get("live", "0").encode()],
             )
     except (KeyError, ValueError, TypeError, AttributeError):
+        return None
+    if not is_rank(batch.rank) or batch.attempt < 0 or batch.seq < 0 or batch.local_rank < -1:
+        return None
+    return batch
+
+
+#: A log entry's field names as encode_log_batch writes them, in its order (``live`` after).
+_LOG_FIELDS = [b"v", b"node", b"rank", b"lrank", b"attempt", b"s", b"seq", b"lines"]
+
+
+def decode_log_entry(entry_id: str | bytes, flat: list[Any]) -> LogBatch | None:
+    """Decode a log entry given as Redis replies it without decode_responses: the flat list
+    ``[field, value, field, value, ...]``. ``None`` for a malformed one or an unknown version.
+
+    An entry in the order :func:`encode_log_batch` writes (every agent's) is read by position
+    without building a dict; any other is decoded by :func:`decode_log_batch`.
+    """
+    try:
+        n = len(flat)
+        if flat[0:16:2] != _LOG_FIELDS or not (n == 16 or (n == 18 and flat[16] == b"live")):
+            it = iter(flat)
+            return decode_log_batch(entry_id, dict(zip(it, it)))
+        v, node_b, rank_b, lrank_b, attempt_b, s_b, seq_b, lines_b = flat[1:16:2]
+        stream = _LOG_STREAMS.get(s_b)
+        if (stream is None or v not in _SUPPORTED_V_BYTES or len(lines_b) > MAX_LOG_ENTRY_BYTES
+                or len(node_b) > MAX_NAME_CHARS
+                or max(len(rank_b), len(lrank_b), len(attempt_b), len(seq_b)) > 19):
+            return None
+        batch = LogBatch(node_b.decode("utf-8", "replace"), int(rank_b), int(lrank_b),
+                         int(attempt_b), stream, int(seq_b),
+                         lines_b.decode("utf-8", "replace").split("\n"), _str(entry_id),
+                         n == 18 and _LIVE[flat[17]])
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError):
         return None
     if not is_rank(batch.rank) or batch.attempt < 0 or batch.seq < 0 or batch.local_rank < -1:
         return None

@@ -26,8 +26,9 @@ Contract
     way round: stripping first can join the pieces of a broken sequence into a live one
     (``"\\x1b[3\\x1b[1mm"`` becomes ``ESC[3m``), which sanitize would then keep.
 
-Speed: precompiled regexes; a line without any control character but SGR (the common case,
-coloured or not) costs a single ``search`` and is returned as is. This runs at the workers' full output rate.
+Speed: a printable line (the common case) costs one ``str.isprintable`` (no control, format or
+separator character: none of the above can be in it) and is returned as is; a coloured one a
+single precompiled ``search``. This runs at the workers' full output rate.
 """
 
 from __future__ import annotations
@@ -79,7 +80,9 @@ def sanitize(line: str) -> str:
     Pure and total: any ``str`` in, a ``str`` out that contains no control character other
     than tab and the ESC of an SGR sequence.
     """
-    if _NEEDS_ESCAPE_RE.search(line) is None:  # plain or only coloured: nothing to do
+    if line.isprintable():  # most lines: no control, format or separator character (C speed)
+        return line
+    if _NEEDS_ESCAPE_RE.search(line) is None:  # only coloured (or tabs): nothing to do
         return line
     return _TOKEN_RE.sub(_replace, line)
 

@@ -71,7 +71,7 @@ from textual.widget import Widget
 
 from elastic_agent.coordination.text import sanitize, strip_sgr
 
-from ..logbuffer import LogBuffer, LogLine
+from ..logbuffer import LogBuffer, LogLine, LogRing
 from .common import fit_row
 
 __all__ = ["LogBuffer", "LogLine", "LogView"]
@@ -258,7 +258,7 @@ class _RenderCache:
 class LogView(ScrollView, can_focus=True):
     """Live log lines of one rank or all ranks interleaved, with filters and follow mode.
 
-    Give it a :class:`LogBuffer` (``source``) and call :meth:`on_new_lines` after appending.
+    Give it a :class:`LogRing` (``source``) and call :meth:`on_new_lines` after appending.
     """
 
     #: Mouse text selection is not supported (the rows carry no offsets metadata).
@@ -317,7 +317,7 @@ class LogView(ScrollView, can_focus=True):
 
     def __init__(
         self,
-        source: LogBuffer | None = None,
+        source: LogRing | None = None,
         *,
         follow: bool = True,
         show_timestamps: bool = True,
@@ -335,7 +335,7 @@ class LogView(ScrollView, can_focus=True):
         disabled: bool = False,
     ) -> None:
         super().__init__(name=name, id=id, classes=classes, disabled=disabled)
-        self._source: LogBuffer | None = source
+        self._source: LogRing | None = source
         self._format_ts = _TimestampFormatter(utc)
         self._cache = _RenderCache(max(64, cache_size))
         # The visible index (see module docstring). Entries below _off are dead.
@@ -372,12 +372,12 @@ class LogView(ScrollView, can_focus=True):
     # -- public API -------------------------------------------------------------------------------
 
     @property
-    def source(self) -> LogBuffer | None:
+    def source(self) -> LogRing | None:
         """The buffer shown. Assigning a new one rescans it."""
         return self._source
 
     @source.setter
-    def source(self, buffer: LogBuffer | None) -> None:
+    def source(self, buffer: LogRing | None) -> None:
         self._source = buffer
         self._digits = self.rank_width
         self._rebuild(keep_position=False)
@@ -598,7 +598,7 @@ class LogView(ScrollView, can_focus=True):
         next(rows)
         cum.extend(rows)
 
-    def _fold_edits(self, src: LogBuffer) -> bool:
+    def _fold_edits(self, src: LogRing) -> bool:
         """Take in the lines ``src`` replaced since the last look (see the module doc).
         True if one of them is indexed; sets ``_stale`` when only a rescan will do (a
         pattern's match changed, or more edits than the buffer remembers)."""

@@ -1,0 +1,193 @@
+"""PackedLogBuffer: a LogRing that keeps its older lines packed, a few bytes per line. No Textual.
+
+Why: a rank's ring holds 2,000 lines by default and a job has 1,024 ranks or more. As tuples
+of Python objects a line of 80 characters costs ~240 bytes (the tuple, the str, the list slot),
+so 1,024 full rings held ~470 MiB. Log lines repeat themselves (the same words, the same
+numbers' shapes), so packed and compressed they cost ~20-30 bytes
+(``bench/console_bench.py`` gives the console's RSS; ``tests/test_packed_buffer.py`` checks a
+bound per line).
+
+How: lines are grouped in blocks of :data:`BLOCK` consecutive seqs. The newest lines, at least
+one block's worth, stay as tuples in ``_recent``, where appends, reads of the tail (a view
+following its rank) and in-place redraws (a progress bar's row is among the newest lines) cost
+what they cost in :class:`~elastic_console.logbuffer.LogBuffer`. Once ``_recent`` holds two
+blocks' worth, the older block is packed: ``marshal`` of its tuples (our own objects, never
+bytes from outside: marshal is not for untrusted input; ~5 us), then compressed with zlib at
+level 1 by one background thread (~40 us a block, 7% of a core at 50k lines/s: zlib releases
+the GIL, so that work leaves the event loop). Reading a packed line unpacks its block, compressed
+or not yet; the last few blocks
+unpacked are kept (:data:`UNPACKED_KEPT`, shared by every ring), so scrolling or a rescan
+unpacks each block once. Replacing a packed line repacks its block (rare: see above).
+
+Packed blocks are bytes: the cyclic GC never walks them, which also takes ~2M tuples out of
+every full collection.
+"""
+
+from __future__ import annotations
+
+import itertools
+import marshal
+import queue
+import threading
+import zlib
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+
+from .logbuffer import LogLine, LogRing
+
+__all__ = ["BLOCK", "PackedLogBuffer", "settle"]
+
+#: Lines per packed block: big enough to compress well (~2.5 KB of text), small enough that
+#: unpacking one for a screenful of lines is cheap and the tuples kept per ring stay few.
+BLOCK = 32
+#: Blocks unpacked and kept for reads, across every ring (a screen shows ~60 lines: 2-3 blocks).
+UNPACKED_KEPT = 64
+_LEVEL = 1  # zlib: level 1 packs log text to ~1/4 at a fraction of level 6's cost
+
+_ids = itertools.count()
+# (ring id, block's first seq) -> its lines; LRU. A ring id is never reused (unlike id()).
+_unpacked: OrderedDict[tuple[int, int], list[LogLine]] = OrderedDict()
+
+
+# A packed block is a one-item list: marshal's bytes until the compressor swaps in zlib's (one
+# atomic store; the event loop never writes to a cell it handed over: a redraw makes a new one).
+Cell = list
+_ZLIB = 0x78  # the first byte of a zlib stream; marshal's of a list is 0x5B or 0xDB
+_to_compress: queue.Queue[Cell] = queue.Queue()
+_compressor: threading.Thread | None = None
+
+
+def _compress_forever() -> None:
+    while True:
+        cell = _to_compress.get()
+        try:
+            cell[0] = zlib.compress(cell[0], _LEVEL)
+        finally:
+            _to_compress.task_done()
+
+
+def _pack(lines: list[LogLine]) -> Cell:
+    global _compressor
+    try:
+        raw = marshal.dumps(lines)
+    except ValueError:  # tuple subclasses (LogLine) are not marshallable; the console's are plain
+        raw = marshal.dumps([tuple(line) for line in lines])
+    cell = [raw]
+    if _compressor is None:
+        _compressor = threading.Thread(target=_compress_forever, name="log-packer", daemon=True)
+        _compressor.start()
+    _to_compress.put(cell)
+    return cell
+
+
+def _unpack(cell: Cell) -> list[LogLine]:
+    payload = cell[0]
+    if payload[0] == _ZLIB:
+        payload = zlib.decompress(payload)
+    return marshal.loads(payload)  # only ever bytes _pack made
+
+
+def settle() -> None:
+    """Until every block packed so far is compressed (for measurements and tests)."""
+    _to_compress.join()
+
+
+class PackedLogBuffer(LogRing):
+    """A :class:`~elastic_console.logbuffer.LogRing` that packs all but its newest lines.
+
+    Same contract as :class:`~elastic_console.logbuffer.LogBuffer`; lines read back are equal
+    to the lines appended, not the same objects (packed ones come back as plain tuples).
+    """
+
+    __slots__ = ("_base", "_blocks", "_id", "_recent", "_recent_start")
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self._id = next(_ids)
+        self._blocks: deque[Cell] = deque()  # packed, BLOCK lines each, contiguous
+        self._base = 0  # seq of the first line of _blocks[0]
+        self._recent: list[LogLine] = []  # lines from _recent_start up to total, as tuples
+        self._recent_start = 0  # == _base + BLOCK * len(_blocks)
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def extend(self, lines: Iterable[LogLine]) -> int:
+        """Append many lines; pack what falls out of the newest two blocks. Returns how many."""
+        if type(lines) is not list:
+            lines = list(lines)
+        n = len(lines)
+        if not n:
+            return 0
+        self._recent.extend(lines)
+        self._total += n
+        if self._total - self._start > self._cap:
+            self._start = self._total - self._cap
+            self._forget()
+        recent = self._recent
+        while len(recent) >= 2 * BLOCK:
+            self._blocks.append(_pack(recent[:BLOCK]))
+            del recent[:BLOCK]
+            self._recent_start += BLOCK
+        return n
+
+    def _forget(self) -> None:
+        """Drop the blocks (and recent lines) wholly below ``first_seq``."""
+        start, blocks = self._start, self._blocks
+        while blocks and self._base + BLOCK <= start:
+            blocks.popleft()
+            _unpacked.pop((self._id, self._base), None)
+            self._base += BLOCK
+        if not blocks and self._recent_start < start:
+            del self._recent[:start - self._recent_start]
+            self._recent_start = self._base = start
+
+    def _put(self, seq: int, line: LogLine) -> None:
+        if seq >= self._recent_start:
+            self._recent[seq - self._recent_start] = line
+            return
+        k, i = divmod(seq - self._base, BLOCK)
+        block = list(self._block(k))
+        block[i] = line
+        self._blocks[k] = _pack(block)
+        _unpacked[(self._id, self._base + k * BLOCK)] = block  # the cached copy, now stale
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def _block(self, k: int) -> list[LogLine]:
+        """The lines of packed block ``k`` (0 = the oldest held), unpacked once while used."""
+        key = (self._id, self._base + k * BLOCK)
+        lines = _unpacked.get(key)
+        if lines is None:
+            lines = _unpacked[key] = _unpack(self._blocks[k])
+            if len(_unpacked) > UNPACKED_KEPT:
+                _unpacked.popitem(last=False)
+        else:
+            _unpacked.move_to_end(key)
+        return lines
+
+    def get(self, seq: int) -> LogLine:
+        if not self._start <= seq < self._total:
+            raise IndexError(f"seq {seq} not in [{self._start}, {self._total})")
+        if seq >= self._recent_start:
+            return self._recent[seq - self._recent_start]
+        k, i = divmod(seq - self._base, BLOCK)
+        return self._block(k)[i]
+
+    def lines_between(self, start_seq: int, end_seq: int) -> list[LogLine]:
+        a = max(start_seq, self._start)
+        b = min(end_seq, self._total)
+        if b <= a:
+            return []
+        rs = self._recent_start
+        if a >= rs:
+            return self._recent[a - rs:b - rs]
+        out: list[LogLine] = []
+        seq = a
+        while seq < b and seq < rs:
+            k, i = divmod(seq - self._base, BLOCK)
+            take = min(BLOCK - i, b - seq, rs - seq)
+            out.extend(self._block(k)[i:i + take])
+            seq += take
+        if seq < b:
+            out.extend(self._recent[:b - rs])
+        return out
