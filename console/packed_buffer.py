@@ -3,21 +3,22 @@
 Why: a rank's ring holds 2,000 lines by default and a job has 1,024 ranks or more. As tuples
 of Python objects a line of 80 characters costs ~240 bytes (the tuple, the str, the list slot),
 so 1,024 full rings held ~470 MiB. Log lines repeat themselves (the same words, the same
-numbers' shapes), so packed and compressed they cost ~20-30 bytes
+numbers' shapes), so packed and compressed they cost ~40 bytes
 (``bench/console_bench.py`` gives the console's RSS; ``tests/test_packed_buffer.py`` checks a
 bound per line).
 
 How: lines are grouped in blocks of :data:`BLOCK` consecutive seqs. The newest lines, at least
-one block's worth, stay as tuples in ``_recent``, where appends, reads of the tail (a view
+:data:`KEEP` of them, stay as tuples in ``_recent``, where appends, reads of the tail (a view
 following its rank) and in-place redraws (a progress bar's row is among the newest lines) cost
-what they cost in :class:`~elastic_console.logbuffer.LogBuffer`. Once ``_recent`` holds two
-blocks' worth, the older block is packed: ``marshal`` of its tuples (our own objects, never
-bytes from outside: marshal is not for untrusted input; ~5 us), then compressed with zlib at
-level 1 by one background thread (~40 us a block, 7% of a core at 50k lines/s: zlib releases
-the GIL, so that work leaves the event loop). Reading a packed line unpacks its block, compressed
-or not yet; the last few blocks
-unpacked are kept (:data:`UNPACKED_KEPT`, shared by every ring), so scrolling or a rescan
-unpacks each block once. Replacing a packed line repacks its block (rare: see above).
+what they cost in :class:`~elastic_console.logbuffer.LogBuffer`. Once ``_recent`` holds a
+block and :data:`KEEP` lines more, its oldest block is packed: ``marshal`` of its tuples (our
+own objects, never bytes from outside: marshal is not for untrusted input), compressed with
+LZ4 (~10 us a block of 32 lines, 0.3 us a line). zlib at level 1 packs ~30% tighter but costs
+1.4 us a line: at 50k lines/s that was the margin by which the console fell behind its feed
+(and a thread does not help: it waits up to 5 ms for the GIL after every block). Reading a
+packed line unpacks its block; the last few blocks unpacked are kept (:data:`UNPACKED_KEPT`,
+shared by every ring), so scrolling or a rescan unpacks each block once. Replacing a packed
+line repacks its block (rare: see above).
 
 Packed blocks are bytes: the cyclic GC never walks them, which also takes ~2M tuples out of
 every full collection.
@@ -27,69 +28,37 @@ from __future__ import annotations
 
 import itertools
 import marshal
-import queue
-import threading
-import zlib
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 
+import lz4.block
+
 from .logbuffer import LogLine, LogRing
 
-__all__ = ["BLOCK", "PackedLogBuffer", "settle"]
+__all__ = ["BLOCK", "KEEP", "PackedLogBuffer"]
 
 #: Lines per packed block: big enough to compress well (~2.5 KB of text), small enough that
 #: unpacking one for a screenful of lines is cheap and the tuples kept per ring stay few.
 BLOCK = 32
+#: The newest lines never packed: a progress bar's row is redrawn in place there, cheaply.
+KEEP = 8
 #: Blocks unpacked and kept for reads, across every ring (a screen shows ~60 lines: 2-3 blocks).
 UNPACKED_KEPT = 64
-_LEVEL = 1  # zlib: level 1 packs log text to ~1/4 at a fraction of level 6's cost
-
 _ids = itertools.count()
 # (ring id, block's first seq) -> its lines; LRU. A ring id is never reused (unlike id()).
 _unpacked: OrderedDict[tuple[int, int], list[LogLine]] = OrderedDict()
 
 
-# A packed block is a one-item list: marshal's bytes until the compressor swaps in zlib's (one
-# atomic store; the event loop never writes to a cell it handed over: a redraw makes a new one).
-Cell = list
-_ZLIB = 0x78  # the first byte of a zlib stream; marshal's of a list is 0x5B or 0xDB
-_to_compress: queue.Queue[Cell] = queue.Queue()
-_compressor: threading.Thread | None = None
-
-
-def _compress_forever() -> None:
-    while True:
-        cell = _to_compress.get()
-        try:
-            cell[0] = zlib.compress(cell[0], _LEVEL)
-        finally:
-            _to_compress.task_done()
-
-
-def _pack(lines: list[LogLine]) -> Cell:
-    global _compressor
+def _pack(lines: list[LogLine]) -> bytes:
     try:
         raw = marshal.dumps(lines)
     except ValueError:  # tuple subclasses (LogLine) are not marshallable; the console's are plain
         raw = marshal.dumps([tuple(line) for line in lines])
-    cell = [raw]
-    if _compressor is None:
-        _compressor = threading.Thread(target=_compress_forever, name="log-packer", daemon=True)
-        _compressor.start()
-    _to_compress.put(cell)
-    return cell
+    return lz4.block.compress(raw)
 
 
-def _unpack(cell: Cell) -> list[LogLine]:
-    payload = cell[0]
-    if payload[0] == _ZLIB:
-        payload = zlib.decompress(payload)
-    return marshal.loads(payload)  # only ever bytes _pack made
-
-
-def settle() -> None:
-    """Until every block packed so far is compressed (for measurements and tests)."""
-    _to_compress.join()
+def _unpack(blob: bytes) -> list[LogLine]:
+    return marshal.loads(lz4.block.decompress(blob))  # only ever bytes _pack made
 
 
 class PackedLogBuffer(LogRing):
@@ -104,7 +73,7 @@ class PackedLogBuffer(LogRing):
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         self._id = next(_ids)
-        self._blocks: deque[Cell] = deque()  # packed, BLOCK lines each, contiguous
+        self._blocks: deque[bytes] = deque()  # packed, BLOCK lines each, contiguous
         self._base = 0  # seq of the first line of _blocks[0]
         self._recent: list[LogLine] = []  # lines from _recent_start up to total, as tuples
         self._recent_start = 0  # == _base + BLOCK * len(_blocks)
@@ -112,7 +81,7 @@ class PackedLogBuffer(LogRing):
     # -- writing --------------------------------------------------------------------------------
 
     def extend(self, lines: Iterable[LogLine]) -> int:
-        """Append many lines; pack what falls out of the newest two blocks. Returns how many."""
+        """Append many lines; pack whole blocks older than the newest KEEP. Returns how many."""
         if type(lines) is not list:
             lines = list(lines)
         n = len(lines)
@@ -124,7 +93,7 @@ class PackedLogBuffer(LogRing):
             self._start = self._total - self._cap
             self._forget()
         recent = self._recent
-        while len(recent) >= 2 * BLOCK:
+        while len(recent) >= BLOCK + KEEP:
             self._blocks.append(_pack(recent[:BLOCK]))
             del recent[:BLOCK]
             self._recent_start += BLOCK

@@ -22,7 +22,7 @@ from elastic_agent.coordination.protocol import (
     encode_log_batch,
 )
 from elastic_console import client as client_module
-from elastic_console.client import ConnectionChange, JobClient
+from elastic_console.client import HISTORY_STREAMS_PER_READ, ConnectionChange, JobClient
 from tests.agents import SCRIPTS, Agent, wait_until
 from tests.waiting import wait_until_async
 
@@ -70,6 +70,10 @@ def test_history_then_follow_continues_with_no_gap_and_no_duplicate(redis_url, r
     old_events = [add_event(r, job_id, EventType.NODE_JOINED, host=f"h{i}") for i in range(5)]
     old_logs = [add_logs(r, job_id, "a-1-x", 0, i + 1, f"old {i}") for i in range(3)]
     old_logs += [add_logs(r, job_id, "b-2-y", 1, i + 1, f"old b {i}") for i in range(2)]
+    # More streams than history reads at once, written round-robin: the merge spans groups.
+    many = [f"n{i}-{i}-z" for i in range(2 * HISTORY_STREAMS_PER_READ + 1)]
+    old_logs += [add_logs(r, job_id, node, 2 + i, k + 1, f"old {node} {k}")
+                 for k in range(2) for i, node in enumerate(many)]
 
     async def main() -> None:
         client = JobClient(redis_url, job_id)
@@ -85,12 +89,14 @@ def test_history_then_follow_continues_with_no_gap_and_no_duplicate(redis_url, r
             new_events = [add_event(r, job_id, EventType.NODE_JOINED, host=f"n{i}")
                           for i in range(5)]
             new_logs = [add_logs(r, job_id, "a-1-x", 0, 10 + i, f"new {i}") for i in range(4)]
-            await wait_until_async(lambda: len(col.of(Event)) >= 5 and len(col.of(LogBatch)) >= 4,
+            new_many = [add_logs(r, job_id, node, 30, 10, "new last group") for node in many[-1:]]
+            await wait_until_async(lambda: len(col.of(Event)) >= 5 and len(col.of(LogBatch)) >= 5,
                                    10, "the new entries")
             await asyncio.sleep(0)  # let anything extra already read arrive too
             assert [e.id for e in col.of(Event)] == new_events
-            assert [b.id for b in col.of(LogBatch)] == new_logs
-            assert [b.lines for b in col.of(LogBatch)] == [[f"new {i}"] for i in range(4)]
+            assert sorted(b.id for b in col.of(LogBatch)) == sorted(new_logs + new_many)
+            assert [b.lines for b in col.of(LogBatch) if b.node == "a-1-x"] == [
+                [f"new {i}"] for i in range(4)]
             assert not col.of(ConnectionChange)
             await col.stop()
         finally:
