@@ -97,7 +97,8 @@ Exit status 0 when, in every run, no key took 100 ms or more (and none timed out
 console absorbed at least 95% of what was fed with its newest line less than 1 s old
 (median over the window), the feeder produced at least 95% of ``--rate`` (otherwise the
 machine did not produce the load and nothing was shown), and RSS stayed flat (under
-2 MiB/s over the hold) after the rings filled and turned over; 1 otherwise.
+2 MiB/s over the hold) after the rings filled and turned over and, up to 1,024 ranks at the
+default scrollback or less, ended at 300 MiB at most; 1 otherwise.
 
     python bench/console_bench.py [--seconds 20] [--rate 50000] [--ranks 1024]
                                   [--scrollback 500,2000] [--history 30] [--hold 20]
@@ -149,6 +150,7 @@ from elastic_agent.coordination.protocol import (
 )
 from elastic_agent.supervision.standalone import RedisServer
 from elastic_console.app import ConsoleApp
+from elastic_console.state import DEFAULT_SCROLLBACK
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from log_view_bench import make_pool
@@ -165,6 +167,7 @@ RESTART_GAP_S = 0.4
 SAMPLE_S = 0.25
 STALL_TRACE_MS = 40.0  # --profile: stalls this long are explained from stack samples
 TRACE_KEY_MS = 70.0  # --trace-stalls: keys this slow are explained too (near the goal)
+RSS_GOAL_MIB = 300  # at the default scrollback, up to 1,024 ranks (issue 15: half of 575)
 LEAK_MIB_S = 2.0  # RSS growth over the hold that counts as unbounded (see the docstring)
 
 
@@ -1072,7 +1075,13 @@ def _mib(v: float | None) -> str:
     return "-" if v is None else f"{v / 2**20:,.0f}"
 
 
-def verdict(res: dict[str, Any], rate: float) -> dict[str, bool]:
+def rss_goal(args: argparse.Namespace) -> float | None:
+    """The RSS bound judged (bytes): issue 15's 300 MiB for up to 1,024 ranks at the default
+    scrollback or less; None (not judged) for bigger worlds or scrollbacks."""
+    return RSS_GOAL_MIB * 2**20 if args.ranks <= 1024 else None
+
+
+def verdict(res: dict[str, Any], rate: float, rss_max: float | None = None) -> dict[str, bool]:
     lat = [v for vs in res["latency"].values() for v in vs]
     keys_ok = bool(lat) and res["timeouts"] == 0 and max(lat) < GOAL_MS
     feed_ok = res["fed_rate"] >= 0.95 * rate
@@ -1082,6 +1091,8 @@ def verdict(res: dict[str, Any], rate: float) -> dict[str, bool]:
     mem_ok = (res["lines_held"] <= res["bound"] and res["rss_hold0"] is not None
               and (res["rss_end"] - res["rss_hold0"]) / max(res["hold_s"], 1e-9)
               < LEAK_MIB_S * 2**20)
+    if rss_max is not None and res["scrollback"] <= DEFAULT_SCROLLBACK:
+        mem_ok = mem_ok and res["rss_end"] <= rss_max
     return {"keys": keys_ok, "feed": feed_ok, "absorb": absorb_ok, "memory": mem_ok}
 
 
@@ -1142,7 +1153,9 @@ def print_table(results: list[dict[str, Any]], args: argparse.Namespace) -> None
     row("peak RSS MiB", [_mib(r["peak_rss"]) for r in results])
     row("RSS from full to the end, 5 points MiB", [
         " ".join(_mib(v) for v in r["rss_track"]) or "-" for r in results])
-    row("RSS at end MiB", [_mib(r["rss_end"]) for r in results])
+    goal = rss_goal(args)
+    row("RSS at end MiB", [_mib(r["rss_end"]) for r in results],
+        "-" if goal is None else f"<= {RSS_GOAL_MIB}")
     row("hold after turnover: s, RSS growth MiB/s", [
         "- (not reached)" if r["rss_hold0"] is None
         else f"{r['hold_s']:.0f}, {(r['rss_end'] - r['rss_hold0']) / 2**20 / r['hold_s']:+.2f}"
@@ -1238,7 +1251,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     ok = True
     for r in results:
-        v = verdict(r, args.rate)
+        v = verdict(r, args.rate, rss_goal(args))
         ok = ok and all(v.values())
         bad = [k for k, good in v.items() if not good]
         f = r["feeder"]
