@@ -254,7 +254,7 @@ def test_attach_at_80x24_in_tmux(redis_url, job_id, tmp_path):
                     for line in screen)
         return ranks, ticks
 
-    try:
+    with tmux.ending_with(agent):
         wait_until(lambda: "running" in tmux.screen(), 30, "the console showing the running job")
         # The table takes its rows at its next refresh (0.25 s), live lines come at once.
         # 24 rows: header 2, ranks 5 (2 rows), timeline 3, log title 1, footer 1: 12 lines.
@@ -270,11 +270,4 @@ def test_attach_at_80x24_in_tmux(redis_url, job_id, tmp_path):
             assert key in footer, key
         tmux.keys("q")
         wait_until(lambda: not tmux.alive(), 15, "the console to detach")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n--- the tmux screen ---\n{tmux.screen()}\n"
-                             f"--- the agent ---\n{agent.output[-2000:]}") from None
-    finally:
-        tmux.kill()
-        agent.kill()
-        agent.wait(10)
 

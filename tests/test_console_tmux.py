@@ -3,10 +3,12 @@ keys, the screen read back -- against a real agent and a real Redis."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,19 @@ class Tmux:
     def kill(self) -> None:
         subprocess.run([*self._tmux, "kill-server"], capture_output=True)
 
+    @contextlib.contextmanager
+    def ending_with(self, agent: Agent) -> Iterator[None]:
+        """Ends this tmux and ``agent`` afterwards; a failed assertion shows both screens."""
+        try:
+            yield
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- the tmux screen ---\n{self.screen()}\n"
+                                 f"--- the agent ---\n{agent.output[-2000:]}") from None
+        finally:
+            self.kill()
+            agent.kill()
+            agent.wait(10)
+
 
 def restarts_by_command(r, job: str) -> int:
     return sum(1 for i, f in r.xrange(JobKeys(job).events)
@@ -63,7 +78,7 @@ def test_attach_restart_and_detach_in_tmux(redis_url, r, job_id, tmp_path):
     agent = Agent(["--redis", redis_url, "--job-id", job_id, "--nproc-per-node", "2",
                    "--local-addr", "127.0.0.1", str(SCRIPTS / "sleeper.py")], tmp_path, "a")
     tmux = Tmux([str(CONSOLE), "attach", job_id, "--redis", redis_url])
-    try:
+    with tmux.ending_with(agent):
         wait_until(lambda: job_id in tmux.screen() and "running" in tmux.screen(), 30,
                    "the console showing the running job")
         wait_until(lambda: "tick" in tmux.screen(), 20, "live log lines on screen")
@@ -83,10 +98,3 @@ def test_attach_restart_and_detach_in_tmux(redis_url, r, job_id, tmp_path):
         tmux.keys("q")
         wait_until(lambda: not tmux.alive(), 15, "the console to detach")
         assert agent.proc.poll() is None, "detaching must never stop the job"
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n--- the tmux screen ---\n{tmux.screen()}\n"
-                             f"--- the agent ---\n{agent.output[-2000:]}") from None
-    finally:
-        tmux.kill()
-        agent.kill()
-        agent.wait(10)

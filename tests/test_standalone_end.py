@@ -171,7 +171,7 @@ def test_in_tmux_the_end_of_a_standalone_job_is_never_an_outage(job_id, tmp_path
         screens.append(text)
         return text
 
-    try:
+    with tmux.ending_with(agent):
         wait_until(lambda: job_id in screen() and "waiting for the test's go" in screens[-1],
                    30, "the console showing the running job")
         go.touch()
@@ -185,10 +185,4 @@ def test_in_tmux_the_end_of_a_standalone_job_is_never_an_outage(job_id, tmp_path
             s for s in screens if RECONNECTING in s)
         tmux.keys("q")
         wait_until(lambda: not tmux.alive(), 15, "the console to detach")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n--- the tmux screen ---\n{tmux.screen()}\n"
-                             f"--- the agent ---\n{agent.output[-2000:]}") from None
-    finally:
-        tmux.kill()
-        agent.kill()
 
