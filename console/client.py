@@ -77,7 +77,7 @@ from .state import FINAL_STATES, ConnectionChange, JobView, Skipped
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Ack", "ConnectionChange", "JobClient", "JobSummary", "Record"]
+__all__ = ["Ack", "ConnectionChange", "JobClient", "JobSummary", "Record", "issuer"]
 
 #: What :meth:`JobClient.follow` yields.
 Record = Event | LogBatch | ConnectionChange
@@ -646,7 +646,7 @@ class JobClient:
             raise ValueError(f"unknown command type {type!r}: use one of "
                              f"{', '.join(sorted(CommandType.ALL))}")
         cid = f"c-{uuid.uuid4().hex[:8]}"
-        cmd = Command(cid, type, _issuer(), target=str(target), args=dict(args or {}))
+        cmd = Command(cid, type, issuer(), target=str(target), args=dict(args or {}))
         try:
             entry = await self._client.xadd(self.keys.commands, encode_command(cmd),
                                             maxlen=COMMANDS_MAXLEN, approximate=True)
@@ -841,7 +841,8 @@ def _round_info(raw: Any) -> RoundInfo | None:
         return None
 
 
-def _issuer() -> str:
+def issuer() -> str:
+    """Who sends a command or a stack request: ``user@host`` of this console."""
     try:
         user = getpass.getuser()
     except (OSError, KeyError):  # no passwd entry and no $USER (some containers)

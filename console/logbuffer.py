@@ -49,7 +49,7 @@ class LogRing(Sequence[LogLine]):
     """The newest ``capacity`` lines appended, oldest first, and a count of all ever appended.
 
     The counters, the edit log and the reads built on :meth:`get` and :meth:`lines_between`
-    live here; a subclass stores the lines (:meth:`append`, :meth:`extend`, :meth:`_put`,
+    live here; a subclass stores the lines (:meth:`append`, :meth:`_extend`, :meth:`_put`,
     :meth:`get`, :meth:`lines_between`, :meth:`_forget`).
     """
 
@@ -96,8 +96,16 @@ class LogRing(Sequence[LogLine]):
     def append(self, line: LogLine) -> None:
         self.extend([line])
 
-    def extend(self, lines: Iterable[LogLine]) -> int:  # pragma: no cover - abstract
+    def extend(self, lines: Iterable[LogLine]) -> int:
         """Append many lines. Returns how many."""
+        if type(lines) is not list:
+            lines = list(lines)
+        if lines:
+            self._extend(lines)
+        return len(lines)
+
+    def _extend(self, lines: list[LogLine]) -> None:  # pragma: no cover - abstract
+        """Store ``lines`` (at least one) after the last, counting them in the counters."""
         raise NotImplementedError
 
     def _put(self, seq: int, line: LogLine) -> None:  # pragma: no cover - abstract
@@ -196,13 +204,9 @@ class LogBuffer(LogRing):
         if self._total - self._start > cap:
             self._start = self._total - cap
 
-    def extend(self, lines: Iterable[LogLine]) -> int:
-        """Append many lines (fast path: at most three slice operations). Returns how many."""
-        if type(lines) is not list:
-            lines = list(lines)
+    def _extend(self, lines: list[LogLine]) -> None:
+        """At most three slice operations, whatever the number of lines."""
         n = len(lines)
-        if not n:
-            return 0
         buf, cap, total = self._buf, self._cap, self._total
         if n >= cap:
             # Only the last `cap` survive; lay them out so that seq s sits at s % cap.
@@ -231,7 +235,6 @@ class LogBuffer(LogRing):
         self._total = total + n
         if self._total - self._start > cap:
             self._start = self._total - cap
-        return n
 
     def _put(self, seq: int, line: LogLine) -> None:
         self._buf[seq % self._cap] = line

@@ -29,7 +29,6 @@ from __future__ import annotations
 import itertools
 import marshal
 from collections import OrderedDict, deque
-from collections.abc import Iterable
 
 import lz4.block
 
@@ -80,13 +79,9 @@ class PackedLogBuffer(LogRing):
 
     # -- writing --------------------------------------------------------------------------------
 
-    def extend(self, lines: Iterable[LogLine]) -> int:
-        """Append many lines; pack whole blocks older than the newest KEEP. Returns how many."""
-        if type(lines) is not list:
-            lines = list(lines)
+    def _extend(self, lines: list[LogLine]) -> None:
+        """Store them; pack whole blocks older than the newest KEEP."""
         n = len(lines)
-        if not n:
-            return 0
         self._recent.extend(lines)
         self._total += n
         if self._total - self._start > self._cap:
@@ -97,7 +92,6 @@ class PackedLogBuffer(LogRing):
             self._blocks.append(_pack(recent[:BLOCK]))
             del recent[:BLOCK]
             self._recent_start += BLOCK
-        return n
 
     def _forget(self) -> None:
         """Drop the blocks (and recent lines) wholly below ``first_seq``."""

@@ -8,8 +8,6 @@ Every string in the result came from workers and agents: the lines are plain tex
 
 from __future__ import annotations
 
-import getpass
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +30,8 @@ from elastic_agent.coordination.stack_replies import (
     request_stacks,
 )
 
+from .client import issuer
+
 #: How long a request waits for every rank by default (the agents answer within 2 s).
 DEFAULT_TIMEOUT = 10.0
 
@@ -46,14 +46,6 @@ class StacksResult:
     @property
     def hosts(self) -> list[str]:
         return sorted({s.host for s in self.stacks if s.host})
-
-
-def issuer() -> str:
-    try:
-        user = getpass.getuser()
-    except (OSError, KeyError):  # no passwd entry and no $USER (some containers)
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
 
 
 def _client(endpoint: Endpoint) -> Any:

@@ -389,12 +389,10 @@ class JobView:
 
     def apply(self, record: object) -> None:
         """Dispatch any record the client yields (Event, LogBatch, ConnectionChange)."""
-        if type(record) is LogBatch:  # tens of thousands a second: the first test
+        if isinstance(record, LogBatch):  # tens of thousands a second: the first test
             self.apply_logs(record)
         elif isinstance(record, Event):
             self.apply_event(record)
-        elif isinstance(record, LogBatch):
-            self.apply_logs(record)
         elif isinstance(record, ConnectionChange):
             self.set_connection(record.connected, self.endpoint, record.error)
         elif isinstance(record, Skipped):

@@ -424,9 +424,7 @@ class RankTable(RowCursor):
 
     # -- the columns shown ----------------------------------------------------------------------
     def on_resize(self, event: events.Resize) -> None:
-        self._fit_columns()
-        self.virtual_size = Size(self._row_width, len(self._order) + 1)
-        self._announce_height()
+        self._resize()
 
     def _fit_width(self) -> int:
         """Cells for a row: inside the border, less the vertical scrollbar when the ranks do
