@@ -39,6 +39,8 @@ bench: redis
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/launch_bench.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/log_view_bench.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/console_bench.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/log_ring_bench.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/reader_bench.py --ranks 4096
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/watchdog_bench.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/odd_rank_runs.py --runs 10
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/redis_memory.py
