@@ -3,8 +3,8 @@
 A ``redis-server`` on a free loopback port; ``console_bench.Feeder`` writes ``--seconds`` of
 its 50k lines/s feed for ``--ranks`` ranks (one entry per worker stream every 100 ms: at 4,096
 ranks about one line an entry) after a ``JobClient`` has set its cursor. Then the client's
-``follow()`` reads the backlog and ``JobView.apply`` folds every record, as the app's reader
-does, until every line is in. Printed: entries and lines per second, microseconds per entry,
+``follow_many()`` reads the backlog and ``JobView.apply_many`` folds every record, as the app's
+reader does, until every line is in. Printed: entries and lines per second, microseconds per entry,
 and the entry rate the 50k lines/s feed needs at that world size, with the ratio of the two
 (below 1: the console cannot keep up even with nothing else to do).
 
@@ -43,12 +43,11 @@ async def fold(url: str, feeder: console_bench.Feeder, seconds: float) -> dict[s
         entries = feeder.entries_written
         got = 0
         t0 = time.perf_counter()
-        async for rec in client.follow():
-            view.apply(rec)
-            if isinstance(rec, LogBatch):
-                got += len(rec.lines)
-                if got >= lines:
-                    break
+        async for records in client.follow_many():
+            view.apply_many(records)
+            got += sum(len(rec.lines) for rec in records if isinstance(rec, LogBatch))
+            if got >= lines:
+                break
         return {"seconds": time.perf_counter() - t0, "lines": lines, "entries": entries}
     finally:
         await client.close()

@@ -70,10 +70,10 @@ from textual.widgets import OptionList
 from textual.worker import Worker, WorkerState
 
 from elastic_agent.coordination.connection import Endpoint, RedisUnavailableError
-from elastic_agent.coordination.protocol import CommandType, Event, LogBatch
+from elastic_agent.coordination.protocol import CommandType
 from elastic_agent.coordination.text import sanitize
 
-from .client import Ack, ConnectionChange, JobClient
+from .client import RESOURCES_PER_SLICE, Ack, ConnectionChange, JobClient
 from .dedupe import UniqueLogs
 from .gc_policy import GcPolicy
 from .home import JobsScreen
@@ -124,6 +124,7 @@ HISTORY_ENTRIES_TOTAL = 100_000  # log entries read on attach, over all node str
 HISTORY_ENTRIES_MIN = 500  # ...but at least this many per stream
 FOLD_SLICE = 500  # history records folded between yields to the UI
 FOLD_BUDGET_S = 0.005  # live records folded before yielding to the UI
+LIVE_FOLD_SLICE = 256  # live records folded at once (~2 ms at 4,096 ranks) between checks
 _INPUT_EVENTS = (ui_events.Key, ui_events.MouseDown, ui_events.MouseScrollDown,
                  ui_events.MouseScrollUp)
 #: After a key or click, how long its hops take with the readers held (input_gate.py); the
@@ -420,8 +421,7 @@ class ConsoleApp(App[int]):
             view.set_connection(True, self.endpoint_display)
             for records in (events, batches):
                 for i in range(0, len(records), FOLD_SLICE):
-                    for rec in records[i:i + FOLD_SLICE]:
-                        view.apply(rec)
+                    view.apply_many(records[i:i + FOLD_SLICE])
                     await asyncio.sleep(0)  # let the UI draw and take keys between slices
                     await self.input_gate.pause()
             self.loaded = True
@@ -434,27 +434,31 @@ class ConsoleApp(App[int]):
         while True:
             try:
                 budget = time.monotonic()
-                async for rec in client.follow():
-                    if isinstance(rec, ConnectionChange):
-                        view.set_connection(rec.connected, self.endpoint_display, rec.error)
-                        self.post_message(ConnectionChanged(rec.connected, rec.error))
+                async for records in client.follow_many():
+                    first = records[0]
+                    if isinstance(first, ConnectionChange):  # always alone in its list
+                        view.set_connection(first.connected, self.endpoint_display, first.error)
+                        self.post_message(ConnectionChanged(first.connected, first.error))
                         if view.redis_gone:
                             # Its agent said the server stops with the job: nothing will
                             # come back to reconnect to.
                             self.workers.cancel_group(self, "poll")
                             return
-                    else:
-                        view.apply(rec)
-                        if isinstance(rec, (Event, LogBatch)):
-                            self._saw_server_ms(rec.server_ms)
+                        continue
                     if self.reader_error:
                         self.reader_error = ""
-                    if not self.input_gate.is_open:
-                        await self.input_gate.pause()  # a key is on its way: it goes first
-                        budget = time.monotonic()
-                    elif time.monotonic() - budget > FOLD_BUDGET_S:
-                        await asyncio.sleep(0)  # a big reply must not freeze the keys
-                        budget = time.monotonic()
+                    # A read holds up to READ_COUNT entries of every stream: folded in
+                    # slices, so a key waits for one slice at most, not the whole read.
+                    for i in range(0, len(records), LIVE_FOLD_SLICE):
+                        newest = view.apply_many(records[i:i + LIVE_FOLD_SLICE])
+                        if newest:
+                            self._saw_server_ms(newest)
+                        if not self.input_gate.is_open:
+                            await self.input_gate.pause()  # a key is on its way: it goes first
+                            budget = time.monotonic()
+                        elif time.monotonic() - budget > FOLD_BUDGET_S:
+                            await asyncio.sleep(0)  # a big reply must not freeze the keys
+                            budget = time.monotonic()
             except RedisUnavailableError as exc:
                 self.post_message(ReaderFailed(str(exc)))
                 await asyncio.sleep(REFUSED_RETRY_S)  # waiting does not cure a refusal fast
@@ -484,7 +488,11 @@ class ConsoleApp(App[int]):
         n = 0
         while True:
             with contextlib.suppress(RedisUnavailableError):  # the reader reports outages
-                view.apply_resources(await client.resources())
+                samples = list((await client.resources()).items())
+                for i in range(0, len(samples), RESOURCES_PER_SLICE):
+                    if i:
+                        await asyncio.sleep(0)  # 4,096 ranks: keys and frames go between
+                    view.apply_resources(dict(samples[i:i + RESOURCES_PER_SLICE]))
                 if n % META_EVERY == 0:
                     view.apply_meta(await client.meta())
                     view.apply_liveness(*await client.liveness())

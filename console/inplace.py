@@ -34,6 +34,10 @@ class InPlaceRows(Generic[Row]):
     def __len__(self) -> int:
         return len(self._rows)
 
+    def __contains__(self, stream: object) -> bool:
+        """Whether ``(node, rank, stream, attempt)`` has an unfinished line held."""
+        return stream in self._rows
+
     def take(self, batch: LogBatch) -> Row | None:
         """The row ``batch``'s first line replaces: its stream's unfinished line, if ``batch``
         is the next batch of that stream. Forgotten either way (it is no longer unfinished,

@@ -93,6 +93,8 @@ class PackedLogBuffer(LogRing):
             del recent[:BLOCK]
             self._recent_start += BLOCK
 
+    extend_list = _extend
+
     def _forget(self) -> None:
         """Drop the blocks (and recent lines) wholly below ``first_seq``."""
         start, blocks = self._start, self._blocks

@@ -203,10 +203,14 @@ class BatchDeduper:
         if seq <= last:
             return True
         self._last[key] = seq
+        self.trim()
+        return False
+
+    def trim(self) -> None:
+        """Forget the oldest half once more than ``limit`` streams are remembered."""
         if len(self._last) > self.limit:
             for k in list(self._last)[: self.limit // 2]:  # dicts keep insertion order
                 del self._last[k]
-        return False
 
 
 #: Default lines kept per rank, and for all ranks interleaved (see the module docstring).
@@ -399,6 +403,76 @@ class JobView:
             self.note_skipped(record.total)
         else:
             self.ignored += 1
+
+    def apply_many(self, records: Iterable[object]) -> int:
+        """:meth:`apply` each record in order: the same view at a fraction of the cost per log
+        batch (the console's reader folds tens of thousands a second, ~1 line each at 4,096
+        ranks). Returns the newest server ms the records carry (0: none).
+
+        The common batch (lines of a rank already shown, not a repeat, nothing redrawn in
+        place) is folded here inline, and the lines of a run of them reach the interleaved
+        ring in one extend; any other record goes through :meth:`apply`.
+        """
+        logs, ranks, last_seq = self.logs, self.ranks, self._dedupe._last
+        inplace = self._inplace
+        redrawn = len(inplace) > 0
+        pending: list[LogLine] = []  # lines for the interleaved ring, in arrival order
+        newest = 0
+        head, ms = "", 0
+        folded = False
+        for rec in records:
+            if type(rec) is LogBatch and rec.live is False:
+                node, rank, _, attempt, stream, seq, lines, eid, _ = rec
+                buf = logs.get(rank)
+                rs = ranks.get(rank)
+                key = (node, rank, stream, attempt)
+                # Else: a rank's first lines, the next state of a line redrawn in place, or
+                # a batch the decoder did not make.
+                fast = (buf is not None and rs is not None and type(lines) is list
+                        and type(eid) is str and not (redrawn and key in inplace))
+            else:
+                fast = False
+            if not fast:
+                if pending:
+                    self.all_logs.extend(pending)
+                    pending = []
+                self.apply(rec)
+                if isinstance(rec, (Event, LogBatch)):
+                    newest = max(newest, rec.server_ms)
+                redrawn = len(inplace) > 0
+                continue
+            if seq > 0:
+                if seq <= last_seq.get(key, 0):
+                    continue  # a retried XADD's second copy
+                last_seq[key] = seq
+            h = eid.partition("-")[0]
+            if h != head:  # consecutive ids often share their millisecond
+                try:
+                    ms = int(h)
+                except ValueError:
+                    ms = 0
+                head = h
+            if len(lines) == 1:
+                text = lines[0]
+                made = [(ms, rank, stream, text if text.isprintable() else sanitize(text))]
+            else:
+                made = [(ms, rank, stream, t if t.isprintable() else sanitize(t))
+                        for t in lines]
+            buf.extend_list(made)
+            pending += made
+            folded = True
+            if ms > rs.last_line_ms:
+                rs.last_line_ms = ms
+                if rs.state in (STALLED, WAITS) and ms > self._stalled_ms:
+                    rs.state = RUNNING  # it printed again: it is not stalled any more
+            if ms > newest:
+                newest = ms
+        if pending:
+            self.all_logs.extend(pending)
+        if folded:
+            self._dedupe.trim()
+            self.version += 1
+        return newest
 
     def note_skipped(self, total: int) -> None:
         """The client's count of records it could not read (see :class:`Skipped`)."""

@@ -23,6 +23,7 @@ from elastic_agent.coordination.protocol import (
 )
 from elastic_console import client as client_module
 from elastic_console.client import HISTORY_STREAMS_PER_READ, ConnectionChange, JobClient
+from elastic_console.state import Skipped
 from tests.agents import SCRIPTS, Agent, wait_until
 from tests.waiting import wait_until_async
 
@@ -420,3 +421,60 @@ def test_list_jobs_counts_nodes_from_the_round_when_the_events_folded_miss_it(
             await client.close()
 
     asyncio.run(main())
+
+
+class ManyCollector(Collector):
+    """Consumes ``client.follow_many()``, keeping every record and every list."""
+
+    async def _run(self) -> None:
+        self.lists: list[list[object]] = []
+        async for recs in self._agen:
+            self.lists.append(recs)
+            self.records.extend(recs)
+
+
+def test_follow_many_yields_what_follow_yields(redis_url, r, job_id):
+    """The console's reader (a list per read, log entries through LogEntryDecoder) sees the
+    same records as follow: events, batches of several nodes, a repeat,
+    an entry in another field order, a malformed one (counted in Skipped), a new node's
+    stream announced by an event."""
+    add_event(r, job_id, EventType.NODE_JOINED, host="a")
+    add_logs(r, job_id, "a-1-x", 0, 1, "before")
+    keys = JobKeys(job_id)
+
+    async def main() -> None:
+        one, many = JobClient(redis_url, job_id), JobClient(redis_url, job_id)
+        try:
+            await one.history()
+            await many.history()
+            col, mcol = Collector(one.follow()), ManyCollector(many.follow_many())
+            for i in range(40):
+                add_logs(r, job_id, "a-1-x", i % 3, 2 + i, f"line {i}", "second")
+                if i % 10 == 0:
+                    add_event(r, job_id, EventType.NODE_JOINED, host=f"h{i}")
+            add_logs(r, job_id, "a-1-x", 0, 2, "line 0", "second")  # a repeat: both yield it
+            fields = encode_log_batch(LogBatch("a-1-x", 1, 0, 0, "err", 99, ["reordered"]))
+            r.xadd(keys.logs("a-1-x"), dict(reversed(list(fields.items()))))
+            r.xadd(keys.logs("a-1-x"), {"v": "1", "node": "a-1-x", "rank": "x", "s": "out"})
+            add_event(r, job_id, EventType.NODE_JOINED, "b-2-y", host="b")
+            add_logs(r, job_id, "b-2-y", 7, 1, "from b")
+            await wait_until_async(
+                lambda: any(isinstance(x, LogBatch) and x.node == "b-2-y" for x in col.records)
+                and any(isinstance(x, LogBatch) and x.node == "b-2-y" for x in mcol.records),
+                10, "the new node's line")
+            await asyncio.sleep(0.1)
+            assert len(col.of(LogBatch)) == 43
+            # Within a stream, the same order; across streams it depends on what each read
+            # happened to find.
+            assert col.of(Event) == mcol.of(Event) and col.of(LogBatch) == mcol.of(LogBatch)
+            assert not col.of(ConnectionChange) and not mcol.of(ConnectionChange)
+            assert mcol.of(Skipped)[-1].total == 1 == many.skipped
+            assert all(mcol.lists) and len(mcol.lists) < len(mcol.records)
+            assert many.last_ids == one.last_ids
+            await col.stop()
+            await mcol.stop()
+        finally:
+            await one.close()
+            await many.close()
+
+    run(main())

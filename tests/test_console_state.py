@@ -481,3 +481,69 @@ def test_log_batch_decodes_alike_from_bytes_and_str_replies():
     for broken in ({**raw, b"rank": b"x"}, {**raw, b"s": b"tty"},
                    {k: v for k, v in raw.items() if k != b"node"}, {**raw, b"seq": b""}):
         assert decode_log_batch("1-0", broken) is None
+
+
+def _mixed_records(rnd: random.Random) -> list[object]:
+    """Records as a reader meets them: events, every rank's lines (ranks 4 and 5 are outside
+    the world of 4), repeats of retried batches, lines redrawn in place, hostile text."""
+    out: list[object] = []
+    seqs: dict[tuple[int, str], int] = {}
+    for i in range(1500):
+        roll = rnd.random()
+        if roll < 0.02:
+            out.append(ev(EventType.WORKER_EXITED, "a-1-x", rank=rnd.randrange(4), pid=1,
+                          exit_code=1, signal=None, message="boom", stopping=False))
+            continue
+        if roll < 0.06 and out and isinstance(out[-1], LogBatch):
+            out.append(out[-1])  # a retried XADD's second copy
+            continue
+        rank, stream = rnd.randrange(6), rnd.choice(["out", "err"])
+        seq = seqs[(rank, stream)] = seqs.get((rank, stream), 0) + 1
+        texts = [rnd.choice(["step", f"loss {i}", f"{ESC}[32mok{ESC}[0m", f"{ESC}]0;t\x07x",
+                             "bar 10%\r", ""]) for _ in range(rnd.choice([1, 1, 1, 2, 5]))]
+        b = batch(rank, texts, seq, node="a-1-x" if rank < 2 else "b-2-y", stream=stream)
+        out.append(b._replace(live=rnd.random() < 0.15))
+    return out
+
+
+def test_apply_many_folds_exactly_what_apply_folds():
+    """The reader's fast fold (inline, one extend of the interleaved ring per run of batches)
+    leaves the view exactly as record-by-record apply does, in slices of any size."""
+    for seed in range(6):
+        rnd = random.Random(seed)
+        one, many = JobView("j", scrollback=40, all_scrollback=300), JobView(
+            "j", scrollback=40, all_scrollback=300)
+        two_nodes_running(one)
+        two_nodes_running(many)
+        records = _mixed_records(rnd)
+        newest = 0
+        for rec in records:
+            one.apply(rec)
+        i = 0
+        while i < len(records):
+            n = rnd.choice([1, 3, 50, 400])
+            newest = max(newest, many.apply_many(records[i:i + n]))
+            i += n
+        assert newest == max(r.server_ms for r in records)
+        assert list(many.all_logs) == list(one.all_logs)
+        assert many.lines_total == one.lines_total
+        assert sorted(many.logs) == sorted(one.logs)
+        for rank in one.logs:
+            assert list(many.logs[rank]) == list(one.logs[rank]), rank
+        assert {r: (s.state, s.last_line_ms) for r, s in many.ranks.items()} == {
+            r: (s.state, s.last_line_ms) for r, s in one.ranks.items()}
+        assert many.ignored == one.ignored
+        assert any("\\x1b]0;t" in line[3] for line in many.all_logs)  # escaped, not raw
+
+
+def test_apply_many_counts_a_change_and_drops_repeats():
+    v = JobView("j")
+    two_nodes_running(v)
+    first = batch(1, ["hello"], 1)
+    v.apply(first)
+    before = v.version
+    assert v.apply_many([first, first]) == 0  # repeats only: nothing new, no change
+    assert v.version == before and v.lines_total == 1
+    nxt = batch(1, ["again"], 2)
+    assert v.apply_many([nxt, nxt]) == nxt.server_ms
+    assert v.version > before and [line[3] for line in v.logs[1]] == ["hello", "again"]

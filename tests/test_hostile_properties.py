@@ -19,6 +19,7 @@ from elastic_agent.coordination.protocol import (
     EventType,
     JobKeys,
     LogBatch,
+    LogEntryDecoder,
     NodeDescription,
     ProtocolError,
     RoundInfo,
@@ -228,3 +229,61 @@ def test_a_live_agent_and_the_cli_survive_garbage_and_a_valid_stop_still_stops(
         if agent.proc.poll() is None:
             agent.kill()
             agent.wait(10)
+
+
+def _flat(fields: dict) -> list:
+    return [x for item in _bytes_fields(fields).items() for x in item]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(near_logs | records, st.booleans()), min_size=1, max_size=8))
+@example([({**_CANONICAL, "seq": "9" * 20}, False), (_CANONICAL, False)])
+@example([(_CANONICAL, False), ({**_CANONICAL, "lines": "x" * 10}, False),
+          ({**_CANONICAL, "seq": "-1"}, False), ({**_CANONICAL, "live": "2"}, False)])
+def test_the_many_entries_decoder_agrees_with_decode_log_entry(entries):
+    """LogEntryDecoder (the console's reader: headers remembered by their raw bytes) gives
+    exactly what decode_log_entry gives, entry by entry, refusals counted, on its first read of
+    a header and on every later one (the same entries read again hit its memory)."""
+    raw = []
+    for i, (fields, reverse) in enumerate(entries):
+        flat = _flat(fields)
+        if reverse:  # another field order: not the agent's, never remembered
+            flat = [x for pair in reversed(list(zip(flat[::2], flat[1::2]))) for x in pair]
+        raw.append([f"{i + 5}-{i}".encode(), flat])
+    expected = [decode_log_entry(eid, flat) for eid, flat in raw]
+    decoder = LogEntryDecoder()
+    for _ in range(2):
+        batches, refused = decoder.decode(raw)
+        assert batches == [b for b in expected if b is not None]
+        assert refused == expected.count(None)
+
+
+def test_the_many_entries_decoder_tells_headers_apart_by_every_byte():
+    """A remembered header is used only for entries whose header is the same, names included:
+    the same values under swapped names are not the remembered worker."""
+    decoder = LogEntryDecoder()
+    sent = LogBatch("n-1", 3, 1, 2, "err", 9, ["a"], "7-1")
+    flat = _flat(encode_log_batch(sent))
+    assert decoder.decode([[b"7-1", flat]]) == ([sent], 0)
+    swapped = list(flat)
+    swapped[4], swapped[6] = swapped[6], swapped[4]  # "rank" <-> "lrank" names
+    (other,), refused = decoder.decode([[b"7-2", swapped]])
+    assert (other.rank, other.local_rank, refused) == (1, 3, 0)
+    again = list(flat)
+    again[13] = b"10"
+    assert decoder.decode([[b"7-3", again]]) == ([sent._replace(seq=10, id="7-3")], 0)
+
+
+_NEEDS_ESCAPE = re.compile(f"(?!{text_module._SGR}){text_module._UNSAFE}")
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("a[m0;:\t\x1b\x07\r\u202e\x9b\u2028 ")),
+               max_size=30) | st.text(max_size=30))
+@example("a\x1b[3\x1b[1mm")
+@example("\x1b[32mok\x1b[0m\tx")
+def test_the_only_safe_pattern_is_no_unsafe_character_outside_an_sgr(s):
+    """sanitize's fast check for coloured lines (a line of safe runs and SGR sequences) says
+    exactly what its definition says: no unsafe character that does not start an SGR."""
+    assert (text_module._ONLY_SAFE_RE.fullmatch(s) is not None) == (
+        _NEEDS_ESCAPE.search(s) is None)

@@ -13,6 +13,7 @@ import redis
 
 from elastic_agent.coordination.protocol import (
     MAX_EVENT_DATA_BYTES,
+    MAX_JSON_DEPTH,
     Command,
     CommandType,
     EventType,
@@ -23,6 +24,7 @@ from elastic_agent.coordination.protocol import (
     decode_command,
     decode_counter,
     decode_event,
+    decode_json,
     decode_log_batch,
     encode_command,
     encode_event,
@@ -310,3 +312,16 @@ def test_the_cli_keeps_colours_on_a_terminal_and_resets_them_at_each_line_end(re
     lines = b"".join(chunks).decode().splitlines()
     (line,) = [x for x in lines if "hello" in x]
     assert line == "[rank 0] hello \x1b[31mred\\x1b]0;PWNED\\x07\x1b[0m", repr(line)
+
+
+@pytest.mark.parametrize("raw", [str, str.encode])
+def test_json_is_refused_one_level_past_the_depth_bound_whatever_its_brackets(raw):
+    """decode_json skips its walk for text with at most MAX_JSON_DEPTH brackets (each level
+    needs one): brackets inside strings cost a walk, never a wrong answer."""
+    deep = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
+    assert decode_json(raw(deep), "x", 1000) == json.loads(deep)
+    quoted = '{"s": "' + "[" * 40 + '", "t": ' + deep + "}"  # 33 levels, 73 brackets
+    with pytest.raises(ProtocolError, match="nested more than"):
+        decode_json(raw(quoted), "x", 1000)
+    flat = '{"s": "' + "{" * 40 + '"}'
+    assert decode_json(raw(flat), "x", 1000) == {"s": "{" * 40}

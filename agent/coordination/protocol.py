@@ -24,6 +24,7 @@ Hostile input
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Mapping
@@ -96,6 +97,14 @@ def decode_json(raw: str | bytes | None, what: str, limit: int) -> Any:
         value = json.loads(raw)
     except (ValueError, RecursionError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"{what} is not valid JSON ({type(exc).__name__})") from None
+    # Each level opens with a bracket: text with few brackets cannot nest deep, and the walk
+    # (most of the cost of a small record: 4,096 resource samples a second) is not needed.
+    if not isinstance(value, (dict, list)):
+        return value
+    opens = (raw.count("{") + raw.count("[") if isinstance(raw, str)
+             else raw.count(b"{") + raw.count(b"["))
+    if opens <= MAX_JSON_DEPTH:
+        return value
     if _depth_exceeds(value, MAX_JSON_DEPTH):
         raise ProtocolError(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep")
     return value
@@ -535,6 +544,76 @@ def decode_log_entry(entry_id: str | bytes, flat: list[Any]) -> LogBatch | None:
     if not is_rank(batch.rank) or batch.attempt < 0 or batch.seq < 0 or batch.local_rank < -1:
         return None
     return batch
+
+
+class LogEntryDecoder:
+    """:func:`decode_log_entry` for many entries at once, for a reader of tens of thousands a
+    second (the console at 4,096 ranks): the same batches, or the same refusals (a property
+    test holds it to that), at about a third of the cost.
+
+    Why it is cheaper: the fields that name a worker stream (``v``, ``node``, ``rank``,
+    ``lrank``, ``attempt``, ``s``, names and values) are the same in every entry of that
+    stream. They are validated and decoded once and remembered by their raw bytes (one dict
+    lookup instead of four ``int()`` and a name check); at most ``limit`` are kept (a writer
+    that varies them only costs the full decode). Entries in any other shape go through
+    :func:`decode_log_entry`.
+    """
+
+    __slots__ = ("_sources", "limit")
+
+    def __init__(self, limit: int = 16_384) -> None:
+        # raw header (12 items) -> (node, rank, local_rank, attempt, stream)
+        self._sources: dict[tuple[Any, ...], tuple[str, int, int, int, str]] = {}
+        self.limit = limit
+
+    def decode(self, entries: Any) -> tuple[list[LogBatch], int]:
+        """Decode one stream's entries as a raw XREAD reply holds them (``[[id, [field,
+        value, ...]], ...]``). Returns the batches in order and how many entries were refused."""
+        out: list[LogBatch] = []
+        refused = 0
+        sources = self._sources
+        make = tuple.__new__
+        for entry in entries:
+            try:
+                entry_id, flat = entry
+                n = len(flat)
+                src = sources.get(tuple(flat[:12])) if n == 16 or n == 18 else None
+                if (src is None or flat[12] != b"seq" or flat[14] != b"lines"
+                        or (n == 18 and flat[16] != b"live")):
+                    batch = decode_log_entry(entry_id, flat)
+                    if batch is None:
+                        refused += 1
+                    else:
+                        out.append(batch)
+                        self._remember(flat, batch)
+                    continue
+                seq_b, lines_b = flat[13], flat[15]
+                if len(seq_b) > 19 or len(lines_b) > MAX_LOG_ENTRY_BYTES:
+                    refused += 1
+                    continue
+                seq = int(seq_b)
+                if seq < 0:
+                    refused += 1
+                    continue
+                out.append(make(LogBatch, (
+                    src[0], src[1], src[2], src[3], src[4], seq,
+                    lines_b.decode("utf-8", "replace").split("\n"),
+                    entry_id.decode() if type(entry_id) is bytes else str(entry_id),
+                    n == 18 and _LIVE[flat[17]])))
+            except (KeyError, ValueError, TypeError, AttributeError, IndexError):
+                refused += 1
+        return out, refused
+
+    def _remember(self, flat: list[Any], batch: LogBatch) -> None:
+        """Keep the header of an entry :func:`decode_log_entry` accepted, if it was written in
+        the agent's field order (only that order is looked up)."""
+        if len(flat) not in (16, 18) or flat[0:16:2] != _LOG_FIELDS:
+            return
+        if len(self._sources) >= self.limit:
+            self._sources.clear()  # a writer varying its headers: start again, bounded
+        with contextlib.suppress(TypeError):  # an unhashable value: never looked up either
+            self._sources[tuple(flat[:12])] = (batch.node, batch.rank, batch.local_rank,
+                                               batch.attempt, batch.stream)
 
 
 def _small_int(raw: str | bytes) -> int:
