@@ -20,9 +20,13 @@ Setup (one invocation)
     per-node streams at a steady ``--rate`` lines/s in total: each node every 100 ms,
     staggered, one entry per worker stream with the lines due (about 5 lines per entry at
     50k/s: ``encode_log_batch``, ``seq`` per worker stream and attempt, ``MAXLEN ~``),
-    pipelined. Lines come from ``log_view_bench.make_pool`` (training output, ~20% with SGR
-    colours, ~10% stderr). Midway through the measured window it fails rank 37 and restarts
-    the group: ``worker_exited`` (with a torch ``@record`` traceback), the other 1023
+    pipelined. The feeder stands for hundreds of remote agents, so it spends as little of
+    this machine as it can: it writes those XADDs as RESP of its own (the same bytes;
+    ``tests/test_bench_feeder.py``), not through redis-py, whose packing of 40k XADDs a
+    second took ~85% of a core from the console under test at 4,096 ranks. Lines come from
+    ``log_view_bench.make_pool`` (training output, ~20% with SGR colours, ~10% stderr).
+    Midway through the measured window it fails rank 37 and restarts the group:
+    ``worker_exited`` (with a torch ``@record`` traceback), the other 1023
     ``worker_exited`` with ``stopping``, ``group_failed``, ``restarting``, ``workers_stopped``
     per node, a 0.4 s gap without logs (made up afterwards, as restarted workers do), then
     ``workers_started`` attempt 2 per node;
@@ -184,6 +188,28 @@ def window_key(job: str) -> str:
 # -- the feeder (a child process) ----------------------------------------------------------------
 
 
+def resp_bulk(value: str | bytes) -> bytes:
+    """One RESP bulk string."""
+    data = value.encode() if isinstance(value, str) else value
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+def xadd_head(stream_key: str, template: LogBatch) -> bytes:
+    """``XADD stream_key MAXLEN ~ LOGS_MAXLEN * <fields>`` as RESP, up to (not including) the
+    values of its last two fields, ``seq`` and ``lines``: the fields are encode_log_batch's,
+    in its order, so the entries are byte for byte what an agent writes."""
+    fields = list(encode_log_batch(template).items())
+    assert [k for k, _ in fields[-2:]] == ["seq", "lines"], fields
+    args: list[str] = ["XADD", stream_key, "MAXLEN", "~", str(LOGS_MAXLEN), "*"]
+    for k, v in fields[:-2]:
+        args += [k, v]
+    args += ["seq"]
+    return b"*%d\r\n" % (len(args) + 3) + b"".join(resp_bulk(a) for a in args)
+
+
+_LINES_NAME = resp_bulk("lines")  # after a head and the seq value; then the lines value
+
+
 @dataclass
 class Node:
     node: str
@@ -219,6 +245,12 @@ class Feeder:
         self.rnd = random.Random(seed)
         self.lines_written = 0
         self.entries_written = 0
+        # Log entries as RESP, sent apart from the pipeline (see send_raw): the feeder stands
+        # for hundreds of remote agents, and redis-py's packing of 40k XADDs a second took
+        # most of a core of this machine from the console under test.
+        self.heads: dict[tuple[int, str, int], bytes] = {}
+        self.raw: list[bytes] = []
+        self.conn = r.connection_pool.get_connection()
 
     # -- records -------------------------------------------------------------------------------
     def event(self, pipe: Any, node: str, event_type: str, **data: Any) -> None:
@@ -350,13 +382,28 @@ class Feeder:
                     continue
                 key = (rank, stream, self.attempt)
                 seq = self.batch_seq[key] = self.batch_seq.get(key, 0) + 1
-                pipe.xadd(stream_key, encode_log_batch(LogBatch(
-                    node=n.node, rank=rank, local_rank=j, attempt=self.attempt,
-                    stream=stream, seq=seq, lines=texts)), maxlen=LOGS_MAXLEN, approximate=True)
+                head = self.heads.get(key)
+                if head is None:
+                    head = self.heads[key] = xadd_head(stream_key, LogBatch(
+                        node=n.node, rank=rank, local_rank=j, attempt=self.attempt,
+                        stream=stream, seq=0, lines=[]))
+                self.raw.append(head + resp_bulk(str(seq)) + _LINES_NAME
+                                + resp_bulk("\n".join(texts)))
                 self.entries_written += 1
         n.offset = (n.offset + extra) % m
         n.written += lines
         self.lines_written += lines
+
+    def send_raw(self) -> None:
+        """Send the log entries shipped so far in one write, and read their replies."""
+        if not self.raw:
+            return
+        cmds, self.raw = self.raw, []
+        self.conn.send_packed_command([b"".join(cmds)])
+        for _ in cmds:
+            reply = self.conn.read_response(disable_decoding=True)
+            if isinstance(reply, Exception):
+                raise reply
 
     def prefill(self, seconds: float) -> int:
         """``seconds`` of the feed, written as fast as possible (the history a console finds)."""
@@ -367,9 +414,10 @@ class Feeder:
                 due = round(self.rate * len(n.ranks) / self.world * NODE_TICK)
                 self.ship(pipe, n, due)
                 total += due
-            if len(pipe) > 4000:
-                pipe.execute()
+            if len(self.raw) > 4000:
+                self.send_raw()
         pipe.execute()
+        self.send_raw()
         for n in self.nodes:
             n.written = 0
         return total
@@ -425,6 +473,7 @@ class Feeder:
                     due = int(node_rate)
                 self.ship(pipe, n, due)
                 shipped += due
+            self.send_raw()  # before the count that says they were fed
             pipe.incrby(fed, shipped)
             pipe.get(wkey)
             replies = pipe.execute()
