@@ -88,7 +88,7 @@ from elastic_agent.coordination.protocol import (
     Event,
     EventType,
     JobKeys,
-    decode_log_batch,
+    decode_log_entries,
 )
 from elastic_agent.supervision.standalone import RedisServer
 from elastic_console.app import ConsoleApp
@@ -948,10 +948,10 @@ class Chaos:
                 while True:
                     page = r.xrange(key, min=low, count=5000)
                     for entry_id, fields in page:
-                        b = decode_log_batch(entry_id, fields)
-                        if (b is not None and b.stream == STDOUT and node_of.get(b.rank) == node
-                                and b.attempt == attempts[b.rank] and not dedupe.seen(b)):
-                            out[b.rank].extend(b.lines)
+                        for b in decode_log_entries(entry_id, fields) or ():
+                            if (b.stream == STDOUT and node_of.get(b.rank) == node
+                                    and b.attempt == attempts[b.rank] and not dedupe.seen(b)):
+                                out[b.rank].extend(b.lines)
                     if len(page) < 5000:
                         break
                     last = page[-1][0]

@@ -16,13 +16,13 @@ Setup (one invocation)
     (with ``nproc_per_node``, as the agent writes it), the job index, the log-stream set, and
     a resource sample for every rank (``HSET JobKeys.resources``, renewed every second). It
     pre-fills ``--history`` seconds of the feed (default 30 s, 1.5M lines: what a console
-    attaching to a running job finds), then writes log batches to the 64
-    per-node streams at a steady ``--rate`` lines/s in total: each node every 100 ms,
-    staggered, one entry per worker stream with the lines due (about 5 lines per entry at
-    50k/s: ``encode_log_batch``, ``seq`` per worker stream and attempt, ``MAXLEN ~``),
-    pipelined. The feeder stands for hundreds of remote agents, so it spends as little of
-    this machine as it can: it writes those XADDs as RESP of its own (the same bytes;
-    ``tests/test_bench_feeder.py``), not through redis-py, whose packing of 40k XADDs a
+    attaching to a running job finds), then writes log lines to the 64 per-node streams at a
+    steady ``--rate`` lines/s in total, as agents do: each node every ``LOG_LINGER`` (50 ms),
+    staggered, one entry with the lines due of every worker stream that has some (about 39
+    lines an entry at 50k/s: ``encode_node_log_entry``, ``seq`` per worker stream and
+    attempt, ``MAXLEN ~``). The feeder stands for hundreds of remote agents, so it spends as
+    little of this machine as it can: it writes those XADDs as RESP of its own (the same
+    bytes; ``tests/test_bench_feeder.py``), not through redis-py, whose packing of 40k XADDs a
     second took ~85% of a core from the console under test at 4,096 ranks. Lines come from
     ``log_view_bench.make_pool`` (training output, ~20% with SGR colours, ~10% stderr).
     Midway through the measured window it fails rank 37 and restarts the group:
@@ -150,8 +150,9 @@ from elastic_agent.coordination.protocol import (
     JobKeys,
     LogBatch,
     encode_event,
-    encode_log_batch,
+    encode_node_log_entry,
 )
+from elastic_agent.supervision.logs import LOG_LINGER
 from elastic_agent.supervision.standalone import RedisServer
 from elastic_console.app import ConsoleApp
 from elastic_console.state import DEFAULT_SCROLLBACK
@@ -162,7 +163,7 @@ from log_view_bench import make_pool
 SIZE = (200, 60)
 GOAL_MS = 100.0
 NPROC = 16  # workers per node
-NODE_TICK = 0.1  # each node ships its workers' lines every 100 ms (staggered across nodes)
+NODE_TICK = LOG_LINGER  # each node ships its workers' lines as its agent does (staggered)
 KEY_TIMEOUT_S = 2.0
 STEADY_MIN_S = 2.0
 STEADY_LAG_MS = 1000.0
@@ -194,20 +195,9 @@ def resp_bulk(value: str | bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(data), data)
 
 
-def xadd_head(stream_key: str, template: LogBatch) -> bytes:
-    """``XADD stream_key MAXLEN ~ LOGS_MAXLEN * <fields>`` as RESP, up to (not including) the
-    values of its last two fields, ``seq`` and ``lines``: the fields are encode_log_batch's,
-    in its order, so the entries are byte for byte what an agent writes."""
-    fields = list(encode_log_batch(template).items())
-    assert [k for k, _ in fields[-2:]] == ["seq", "lines"], fields
-    args: list[str] = ["XADD", stream_key, "MAXLEN", "~", str(LOGS_MAXLEN), "*"]
-    for k, v in fields[:-2]:
-        args += [k, v]
-    args += ["seq"]
-    return b"*%d\r\n" % (len(args) + 3) + b"".join(resp_bulk(a) for a in args)
-
-
-_LINES_NAME = resp_bulk("lines")  # after a head and the seq value; then the lines value
+def resp_command(args: list[str]) -> bytes:
+    """One command as RESP (what redis-py sends, without its cost per argument)."""
+    return b"*%d\r\n" % len(args) + b"".join(resp_bulk(a) for a in args)
 
 
 @dataclass
@@ -248,7 +238,6 @@ class Feeder:
         # Log entries as RESP, sent apart from the pipeline (see send_raw): the feeder stands
         # for hundreds of remote agents, and redis-py's packing of 40k XADDs a second took
         # most of a core of this machine from the console under test.
-        self.heads: dict[tuple[int, str, int], bytes] = {}
         self.raw: list[bytes] = []
         self.conn = r.connection_pool.get_connection()
 
@@ -361,13 +350,14 @@ class Feeder:
 
     # -- log batches ---------------------------------------------------------------------------
     def ship(self, pipe: Any, n: Node, lines: int) -> None:
-        """``lines`` lines of the node's workers, split over them, one entry per worker stream."""
+        """``lines`` lines of the node's workers, split over them: one entry for the node, as
+        its agent writes after a LOG_LINGER (a batch per worker stream with lines)."""
         if lines <= 0:
             return
         m = len(n.ranks)
         base, extra = divmod(lines, m)
-        stream_key = self.keys.logs(n.node)
         pool2, npool = self.pool2, len(self.pool)
+        batches: list[LogBatch] = []
         for j, rank in enumerate(n.ranks):
             k = base + (1 if (j - n.offset) % m < extra else 0)
             if not k:
@@ -382,14 +372,12 @@ class Feeder:
                     continue
                 key = (rank, stream, self.attempt)
                 seq = self.batch_seq[key] = self.batch_seq.get(key, 0) + 1
-                head = self.heads.get(key)
-                if head is None:
-                    head = self.heads[key] = xadd_head(stream_key, LogBatch(
-                        node=n.node, rank=rank, local_rank=j, attempt=self.attempt,
-                        stream=stream, seq=0, lines=[]))
-                self.raw.append(head + resp_bulk(str(seq)) + _LINES_NAME
-                                + resp_bulk("\n".join(texts)))
-                self.entries_written += 1
+                batches.append(LogBatch(n.node, rank, j, self.attempt, stream, seq, texts))
+        fields = encode_node_log_entry(n.node, batches)
+        self.raw.append(resp_command(["XADD", self.keys.logs(n.node), "MAXLEN", "~",
+                                      str(LOGS_MAXLEN), "*", *(x for kv in fields.items()
+                                                               for x in kv)]))
+        self.entries_written += 1
         n.offset = (n.offset + extra) % m
         n.written += lines
         self.lines_written += lines

@@ -15,7 +15,7 @@ Both launchers run as separate processes with identical flags (``--standalone``,
      /dev/null: wall time; and the same without ``--tee`` for reference. Every ``--tee`` run is
      checked: each rank's stdout.log holds all its lines (both launchers), and for
      elastic-agent the job's log streams in Redis hold them too (entries decoded with the
-     protocol's ``decode_log_batch``, a retried batch counted once). A line missing anywhere
+     protocol's ``decode_log_entries``, a retried batch counted once). A line missing anywhere
      fails the figure and the bench (exit 1). So that Redis can be read after the agent
      exits, elastic-agent runs here on a redis-server the bench starts on loopback (emptied
      before each run) instead of ``--standalone``'s embedded one, which stops with the agent;
@@ -63,7 +63,7 @@ from pathlib import Path
 import psutil
 
 from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.protocol import STDOUT, JobKeys, decode_log_batch
+from elastic_agent.coordination.protocol import STDOUT, JobKeys, LogBatch, decode_log_entries
 from elastic_agent.supervision.standalone import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -473,10 +473,13 @@ def lines_in_redis(url: str, job_id: str) -> dict[int, int]:
         for stream in client.smembers(keys.log_streams):
             after = "-"
             while entries := client.xrange(stream, min=after, count=2000):
+                batches: list[LogBatch] = []
                 for entry_id, fields in entries:
-                    batch = decode_log_batch(entry_id, fields)
-                    if batch is None:
+                    decoded = decode_log_entries(entry_id, fields)
+                    if decoded is None:
                         raise ValueError(f"undecodable entry {entry_id!r} in {stream!r}")
+                    batches += decoded
+                for batch in batches:
                     key = (batch.node, batch.rank, batch.attempt, batch.stream, batch.seq)
                     if key in seen or batch.stream != STDOUT:
                         continue

@@ -4,8 +4,8 @@
    redis-server; every key of it is weighed with ``MEMORY USAGE key SAMPLES 0`` and summed
    by kind: events, logs, coordination (rendezvous, store, meta, counters, resources).
 2. A log stream at the default retention (``--log-retention`` 200,000 entries): entries as the
-   agent writes them (``encode_log_batch``), for a worker printing one line at a time (the
-   costliest case per line) and for batches of 50 lines; weighed the same way.
+   agent writes them (``encode_node_log_entry``), for a node whose workers print one line
+   per flush (the costliest case per line) and for entries of 50 lines; weighed the same way.
 3. 1,000 finished jobs: the real job's keys copied 1,000 times under new job ids
    (``DUMP``/``RESTORE``: byte for byte what the agents wrote), each listed in the job index;
    ``used_memory`` before and after.
@@ -35,7 +35,7 @@ from elastic_agent.coordination.protocol import (
     LOGS_MAXLEN,
     JobKeys,
     LogBatch,
-    encode_log_batch,
+    encode_node_log_entry,
 )
 from elastic_agent.supervision.standalone import RedisServer
 
@@ -94,8 +94,8 @@ def log_stream_at_retention(r: redis.Redis, lines_per_entry: int) -> int:
         rank = seq % 8
         lines = [f"rank {rank} step {seq * lines_per_entry + i} loss 0.{i % 997:03d} lr 3e-4 "
                  "throughput 1234.5 samples/s" for i in range(lines_per_entry)]
-        pipe.xadd(key, encode_log_batch(LogBatch("node-a-1234-abcdef", rank, rank, 0, "out",
-                                                 seq, lines)),
+        pipe.xadd(key, encode_node_log_entry("node-a-1234-abcdef", [LogBatch(
+                      "node-a-1234-abcdef", rank, rank, 0, "out", seq, lines)]),
                   maxlen=LOGS_MAXLEN, approximate=True)
         if len(pipe) >= 2000:
             pipe.execute()

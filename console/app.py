@@ -120,8 +120,8 @@ TABLE_FULL_S = 1.0  # rank order (sorting), and "seconds since last line" everyw
 POLL_S = 1.0  # resource samples are written once a second
 META_EVERY = 5  # meta hash: every fifth poll
 HISTORY_EVENTS = 10_000
-HISTORY_ENTRIES_TOTAL = 100_000  # log entries read on attach, over all node streams...
-HISTORY_ENTRIES_MIN = 500  # ...but at least this many per stream
+HISTORY_LINES_TOTAL = 500_000  # log lines read on attach, over all node streams...
+HISTORY_LINES_MIN = 1_000  # ...but at least this many per stream
 FOLD_SLICE = 500  # history records folded between yields to the UI
 FOLD_BUDGET_S = 0.005  # live records folded before yielding to the UI
 LIVE_FOLD_SLICE = 256  # live records folded at once (~2 ms at 4,096 ranks) between checks
@@ -470,16 +470,18 @@ class ConsoleApp(App[int]):
     async def _history_entries(self, client: JobClient, meta: dict[str, str]) -> int:
         """Log entries to read per node stream on attach.
 
-        Enough for every rank's scrollback (an entry holds lines of one of the node's
-        ``nproc`` ranks, often a single line), but at most ``HISTORY_ENTRIES_TOTAL`` over all
-        streams: ``client.history`` reads and decodes in one go, ~25 us an entry, and the
-        console shows nothing new meanwhile. A probe (one entry per stream) counts them.
+        Enough for every rank's scrollback (``nproc`` ranks share a node's stream), but at
+        most ``HISTORY_LINES_TOTAL`` lines over all streams: ``client.history`` reads and
+        decodes in one go and the console shows nothing new meanwhile. An entry holds the
+        lines of one worker stream (older agents) or of the whole node over 50 ms: a probe
+        (the newest entry of each stream) counts the streams and the lines an entry holds.
         """
         nproc = max(1, _to_int(meta.get("nproc_per_node"), 8))
-        await client.history(max_events=1, max_log_entries_per_stream=0)
+        _, probe = await client.history(max_events=1, max_log_entries_per_stream=1)
         streams = max(1, len(client.last_ids) - 1)  # the cursor: the events + each log stream
-        return max(1, min(self.scrollback * nproc, max(HISTORY_ENTRIES_MIN,
-                                                       HISTORY_ENTRIES_TOTAL // streams)))
+        per_entry = max(1.0, sum(len(b.lines) for b in probe) / max(1, len({b.id for b in probe})))
+        lines = min(self.scrollback * nproc, max(HISTORY_LINES_MIN, HISTORY_LINES_TOTAL // streams))
+        return max(1, math.ceil(lines / per_entry))
 
     @work(exclusive=True, group="poll", exit_on_error=False)
     async def _poll(self) -> None:

@@ -67,8 +67,7 @@ from elastic_agent.coordination.protocol import (
     console_client_name,
     decode_event,
     decode_json,
-    decode_log_batch,
-    decode_log_entry,
+    decode_log_entries,
     encode_command,
     validate_job_id,
 )
@@ -175,7 +174,7 @@ class JobClient:
                                                          retries=1, client_name=name)
         # Its XREAD replies stay as Redis sent them (entries' fields a flat list): at 40k
         # entries/s, redis-py's dict per entry cost more than reading the fields by position
-        # (decode_log_entry). Every XREAD reply of this client goes through _entry_fields.
+        # (LogEntryDecoder). Every XREAD reply of this client goes through _entry_fields.
         self._reader.set_response_callback("XREAD", _raw_reply)
         self._last_ids: dict[str, str] = {}  # stream key -> last entry id seen (follow cursor)
         #: Records skipped because they could not be read (see :class:`Skipped`).
@@ -460,11 +459,11 @@ class JobClient:
         return events, logs
 
     def _decode_logs(self, entries: Any) -> list[LogBatch]:
-        out = []
+        out: list[LogBatch] = []
         for entry_id, fields in entries:
-            batch = decode_log_batch(entry_id, fields)
-            if batch is not None:
-                out.append(batch)
+            batches = decode_log_entries(entry_id, fields)
+            if batches is not None:
+                out += batches
             else:
                 self.skipped += 1
         return out
@@ -563,6 +562,7 @@ class JobClient:
         right after it.
         """
         k = self.keys
+        decoder = LogEntryDecoder()
         async for reply in self._replies(logs):
             if isinstance(reply, ConnectionChange):
                 yield reply
@@ -571,20 +571,19 @@ class JobClient:
             for key, entries in reply:
                 stream = _s(key)
                 is_events = stream == k.events
-                for entry_id, fields in entries:
-                    eid = _s(entry_id)
+                for entry in entries:
+                    eid = _s(entry[0])
                     # Advance before yielding: a consumer that stops here resumes after it.
                     self._last_ids[stream] = eid
                     if is_events:
-                        ev = self._event(eid, fields)
+                        ev = self._event(eid, entry[1])
                         if ev is not None:
                             yield ev
                     else:
-                        batch = decode_log_entry(eid, fields)
-                        if batch is not None:
+                        batches, refused = decoder.decode([entry])
+                        self.skipped += refused
+                        for batch in batches:
                             yield batch
-                        else:
-                            self.skipped += 1
             if self.skipped != skipped_before or self._reported_skips != self.skipped:
                 self._reported_skips = self.skipped
                 yield Skipped(self.skipped)

@@ -19,7 +19,7 @@ from elastic_agent.coordination.protocol import (
     EventType,
     JobKeys,
     decode_event,
-    decode_log_batch,
+    decode_log_entries,
     encode_command,
 )
 from tests.agents import AGENT, EXAMPLES, SCRIPTS, Agent, alive, wait_until
@@ -53,8 +53,7 @@ def log_lines(r: redis.Redis, job: str) -> list[tuple[int, str, str]]:
     out = []
     for stream in r.smembers(JobKeys(job).log_streams):
         for i, f in r.xrange(stream):
-            b = decode_log_batch(i, f)
-            if b:
+            for b in decode_log_entries(i, f) or ():
                 out += [(b.rank, b.stream, line) for line in b.lines]
     return out
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from elastic_agent.coordination.protocol import JobKeys, decode_log_batch, encode_log_batch
+from elastic_agent.coordination.protocol import JobKeys, decode_log_entries, encode_node_log_entry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import console_bench
 
 
-def test_the_feeders_log_entries_are_what_encode_log_batch_writes(r, job_id):
+def test_the_feeders_log_entries_are_what_an_agent_writes(r, job_id):
     feeder = console_bench.Feeder(r, job_id, 40, 20_000, seed=3)
     feeder.setup()
     lines = feeder.prefill(0.3)
@@ -21,13 +21,15 @@ def test_the_feeders_log_entries_are_what_encode_log_batch_writes(r, job_id):
     seqs: dict[tuple[int, str], list[int]] = {}
     for stream in r.smembers(keys.log_streams):
         for entry_id, fields in r.xrange(stream):
-            batch = decode_log_batch(entry_id, fields)
-            assert batch is not None, fields
+            batches = decode_log_entries(entry_id, fields)
+            assert batches, fields
+            node = batches[0].node
             assert list(fields.items()) == [(k.encode(), v.encode())
-                                            for k, v in encode_log_batch(batch).items()]
-            got += len(batch.lines)
+                                            for k, v in encode_node_log_entry(node, batches).items()]
+            got += sum(len(b.lines) for b in batches)
             entries += 1
-            seqs.setdefault((batch.rank, batch.stream), []).append(batch.seq)
+            for b in batches:
+                seqs.setdefault((b.rank, b.stream), []).append(b.seq)
     assert lines == got == feeder.lines_written > 0
     assert entries == feeder.entries_written
     assert all(s == list(range(1, len(s) + 1)) for s in seqs.values())

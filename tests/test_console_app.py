@@ -29,7 +29,7 @@ from elastic_agent.coordination.protocol import (
     JobKeys,
     LogBatch,
     decode_event,
-    decode_log_batch,
+    decode_log_entries,
     encode_event,
 )
 from elastic_console.app import KEY_HELP, ConsoleApp
@@ -135,8 +135,7 @@ def lines_after(r: redis.Redis, job_id: str, ends: dict[bytes, bytes]) -> int:
     n = 0
     for stream in r.smembers(JobKeys(job_id).log_streams):
         for entry_id, fields in r.xrange(stream, min=b"(" + ends.get(stream, b"0-0")):
-            batch = decode_log_batch(entry_id, fields)
-            n += len(batch.lines) if batch else 0
+            n += sum(len(b.lines) for b in decode_log_entries(entry_id, fields) or ())
     return n
 
 

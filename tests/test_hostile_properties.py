@@ -26,9 +26,11 @@ from elastic_agent.coordination.protocol import (
     decode_command,
     decode_event,
     decode_log_batch,
+    decode_log_entries,
     decode_log_entry,
     encode_command,
     encode_log_batch,
+    encode_node_log_entry,
 )
 from elastic_agent.coordination.text import sanitize, terminal_line
 from elastic_console.state import JobView
@@ -242,7 +244,7 @@ def _flat(fields: dict) -> list:
           ({**_CANONICAL, "seq": "-1"}, False), ({**_CANONICAL, "live": "2"}, False)])
 def test_the_many_entries_decoder_agrees_with_decode_log_entry(entries):
     """LogEntryDecoder (the console's reader: headers remembered by their raw bytes) gives
-    exactly what decode_log_entry gives, entry by entry, refusals counted, on its first read of
+    exactly what decode_log_entries gives, entry by entry, refusals counted, on its first read of
     a header and on every later one (the same entries read again hit its memory)."""
     raw = []
     for i, (fields, reverse) in enumerate(entries):
@@ -250,11 +252,11 @@ def test_the_many_entries_decoder_agrees_with_decode_log_entry(entries):
         if reverse:  # another field order: not the agent's, never remembered
             flat = [x for pair in reversed(list(zip(flat[::2], flat[1::2]))) for x in pair]
         raw.append([f"{i + 5}-{i}".encode(), flat])
-    expected = [decode_log_entry(eid, flat) for eid, flat in raw]
+    expected = [decode_log_entries(eid, dict(zip(flat[::2], flat[1::2]))) for eid, flat in raw]
     decoder = LogEntryDecoder()
     for _ in range(2):
         batches, refused = decoder.decode(raw)
-        assert batches == [b for b in expected if b is not None]
+        assert batches == [b for bs in expected if bs is not None for b in bs]
         assert refused == expected.count(None)
 
 
@@ -287,3 +289,50 @@ def test_the_only_safe_pattern_is_no_unsafe_character_outside_an_sgr(s):
     exactly what its definition says: no unsafe character that does not start an SGR."""
     assert (text_module._ONLY_SAFE_RE.fullmatch(s) is not None) == (
         _NEEDS_ESCAPE.search(s) is None)
+
+
+part_values = st.one_of(st.integers(-3, 5), st.sampled_from(["out", "err", "x", True, None, 1.0]),
+                        st.integers(1 << 62, 1 << 64))
+hostile_parts = st.lists(st.lists(part_values, min_size=6, max_size=8), max_size=4).map(json.dumps)
+good_parts = st.lists(st.tuples(st.integers(0, 9), st.integers(-1, 3), st.integers(0, 2),
+                                st.sampled_from(["out", "err"]), st.integers(0, 9),
+                                st.integers(1, 3), st.sampled_from([0, 1])),
+                      min_size=1, max_size=4).map(lambda ps: json.dumps([list(p) for p in ps]))
+node_entries = st.fixed_dictionaries({
+    "v": st.sampled_from(["1", "1", "2"]), "node": st.text(max_size=8),
+    "parts": good_parts | hostile_parts | hostile_text,
+    "lines": st.lists(st.text(max_size=6) | hostile_text, min_size=1, max_size=8).map("\n".join)})
+
+
+@settings(max_examples=400, deadline=None)
+@given(node_entries, st.booleans())
+@example({"v": "1", "node": "n", "parts": '[[1,0,0,"out",1,2,0]]', "lines": "a\nb"}, False)
+@example({"v": "1", "node": "n", "parts": '[[1,0,0,"out",1,1,0]]', "lines": "a\nb"}, False)
+def test_a_node_log_entry_is_read_whole_or_refused(fields, shuffle):
+    """A node's entry (several workers' batches) decodes into batches whose lines are exactly
+    the entry's lines, in order, each part valid, or is refused whole; LogEntryDecoder (the
+    console's reader) says the same, in any field order."""
+    got = decode_log_entries("5-0", fields)
+    lines = fields["lines"].split("\n")
+    if got is not None:
+        assert [line for b in got for line in b.lines] == lines
+        assert all(b.node == fields["node"] and b.id == "5-0" and b.lines for b in got)
+        assert all(type(b.rank) is int and b.stream in ("out", "err") and b.seq >= 0
+                   and type(b.live) is bool for b in got)
+    items = list(_bytes_fields(fields).items())
+    if shuffle:
+        items.reverse()
+    flat = [x for item in items for x in item]
+    assert decode_log_entries("5-0", dict(items)) == got
+    batches, refused = LogEntryDecoder().decode([[b"5-0", flat]])
+    assert (batches, refused) == ((got, 0) if got is not None else ([], 1))
+
+
+def test_a_node_log_entry_round_trips_every_batch():
+    sent = [LogBatch("n-1", 3, 1, 2, "err", 9, ["a", "\x1b[2Jb"], "7-1", True),
+            LogBatch("n-1", 0, 0, 2, "out", 4, [""], "7-1"),
+            LogBatch("n-1", 3, 1, 2, "out", 1, ["x", "y", "z"], "7-1")]
+    fields = encode_node_log_entry("n-1", sent)
+    assert decode_log_entries("7-1", fields) == sent
+    flat = [x for k, v in fields.items() for x in (k.encode(), v.encode())]
+    assert LogEntryDecoder().decode([[b"7-1", flat]]) == (sent, 0)

@@ -47,9 +47,9 @@ def term() -> Iterator[tuple[io.BytesIO, io.BytesIO]]:
 def batches(r: redis.Redis, job_id: str) -> list[LogBatch]:
     out = []
     for entry_id, fields in r.xrange(JobKeys(job_id).logs(NODE)):
-        batch = protocol.decode_log_batch(entry_id, fields)
-        assert batch is not None
-        out.append(batch)
+        decoded = protocol.decode_log_entries(entry_id, fields)
+        assert decoded is not None
+        out += decoded
     return out
 
 
@@ -289,3 +289,36 @@ def test_drop_marker_is_a_logs_dropped_event(job_id: str) -> None:
     event = protocol.decode_event("5-0", fields)
     assert event is not None and event.type == protocol.EventType.LOGS_DROPPED
     assert event.node == NODE and event.data == {"count": 1234}
+
+
+@pytest.mark.asyncio
+async def test_a_nodes_workers_share_one_entry_per_flush(tmp_path: Path,
+                                                        publisher: StreamPublisher,
+                                                        r: redis.Redis, job_id: str,
+                                                        term) -> None:
+    """What 4 workers print within a LOG_LINGER goes to Redis as one entry of the node (one
+    XADD, not one per worker stream), each worker's lines in order and numbered per stream."""
+    logs = NodeLogs(publisher=publisher, job_id=job_id, node_id=NODE,
+                    stdout=term[0], stderr=term[1])
+    await run_workers(tmp_path, logs, """
+        import os, sys, time
+        rank = os.environ["RANK"]
+        for i in range(20):
+            print(f"r{rank} line {i}")
+            print(f"r{rank} err {i}", file=sys.stderr)
+            time.sleep(0.01)
+    """, nproc=4)
+    await asyncio.wait_for(publisher.flush(), 10)
+    entries = [protocol.decode_log_entries(i, f)
+               for i, f in r.xrange(JobKeys(job_id).logs(NODE))]
+    assert all(entries)
+    bs = [b for e in entries for b in e]
+    for rank in range(4):
+        assert lines_of(bs, rank) == [f"r{rank} line {i}" for i in range(20)]
+        assert lines_of(bs, rank, protocol.STDERR) == [f"r{rank} err {i}" for i in range(20)]
+        for stream in (protocol.STDOUT, protocol.STDERR):
+            mine = [b.seq for b in bs if b.rank == rank and b.stream == stream]
+            assert mine == list(range(1, len(mine) + 1))
+    # Most entries hold several worker streams: far fewer XADDs than stream batches.
+    assert max(len({(b.rank, b.stream) for b in e}) for e in entries) >= 4
+    assert len(entries) < len(bs) / 2, (len(entries), len(bs))

@@ -33,6 +33,7 @@ from elastic_agent.coordination.protocol import (
     JobKeys,
     LogBatch,
     decode_log_batch,
+    decode_log_entries,
     encode_event,
     encode_log_batch,
 )
@@ -88,9 +89,9 @@ def bar_run(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> BarRun:
         entries = []
         for stream in r.smembers(JobKeys(job_id).log_streams):
             for entry_id, fields in r.xrange(stream):
-                batch = decode_log_batch(entry_id, fields)
-                assert batch is not None, fields
-                entries.append(batch)
+                decoded = decode_log_entries(entry_id, fields)
+                assert decoded is not None, fields
+                entries += decoded
     finally:
         r.close()
     (log_file,) = (tmp / "logs").glob("**/attempt_0/0/stdout.log")
@@ -154,9 +155,9 @@ def test_logs_prints_the_final_state_only(bar_run: BarRun):
 def entries_of(r: redis.Redis, job_id: str, node: str) -> list[LogBatch]:
     out = []
     for entry_id, fields in r.xrange(JobKeys(job_id).logs(node)):
-        batch = decode_log_batch(entry_id, fields)
-        assert batch is not None
-        out.append(batch)
+        decoded = decode_log_entries(entry_id, fields)
+        assert decoded is not None
+        out += decoded
     return out
 
 

@@ -225,3 +225,71 @@ async def test_an_idle_publisher_sends_a_new_record_without_a_flush(redis_url: s
         assert [f["i"] for _, f in read_all(r, key)] == [str(i) for i in range(6)]
     finally:
         await pub.close()
+
+
+class Growing:
+    """A deferred payload: the parts added while it waits in the queue."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    @property
+    def weight(self) -> int:
+        return len(self.parts)
+
+    def build(self) -> dict[str, str]:
+        return {"parts": ",".join(self.parts)}
+
+
+def add_part(pub: StreamPublisher, key: str, state: dict, part: str, linger: float) -> None:
+    """Add ``part`` to the open record, or to a new one once it was sent (as logs.py does)."""
+    handle = state.get("handle")
+    if handle is None or not handle.open:
+        state["payload"] = Growing()
+        state["handle"] = pub.publish_deferred(key, state["payload"], 100, linger=linger)
+        handle = state["handle"]
+    state["payload"].parts.append(part)
+    pub.grow(handle, len(part))
+
+
+async def test_a_lingering_record_gathers_what_comes_while_it_waits(redis_url: str,
+                                                                    r: redis.Redis,
+                                                                    job_id: str) -> None:
+    """Parts added over a few event-loop turns land in one entry when the record lingers; an
+    idle publisher without the linger sends the first part at once, so they are split. The
+    linger is long (60 s) so that a slow machine cannot end it: flush() sends it."""
+    for linger, key in ((60.0, JobKeys(job_id).logs("a")), (0.0, JobKeys(job_id).logs("b"))):
+        pub = StreamPublisher(redis_url)
+        await pub.start()
+        try:
+            state: dict = {}
+            for i in range(5):
+                add_part(pub, key, state, str(i), linger)
+                await asyncio.sleep(0.02)  # the flusher runs in between
+            await asyncio.wait_for(pub.flush(), 10)  # a flush does not wait for the linger
+        finally:
+            await pub.close()
+        entries = [f["parts"] for _, f in read_all(r, key)]
+        assert ",".join(entries) == "0,1,2,3,4"
+        assert (len(entries) == 1) == (linger > 0), entries
+
+
+async def test_a_record_that_must_not_wait_sends_the_lingering_ones_at_once(
+        redis_url: str, r: redis.Redis, job_id: str) -> None:
+    """An event published behind lingering lines goes now, and the lines with it, in order:
+    a worker's exit never waits for a log flush."""
+    logs, events = JobKeys(job_id).logs("a"), JobKeys(job_id).events
+    pub = StreamPublisher(redis_url)
+    await pub.start()
+    try:
+        state: dict = {}
+        add_part(pub, logs, state, "last words", 60.0)
+        await asyncio.sleep(0.05)
+        assert r.xlen(logs) == 0  # lingering
+        pub.publish(events, {"type": "worker_exited"}, maxlen=100)
+        # Far below the 60 s linger: only an early send passes.
+        await wait_until_async(lambda: r.xlen(events) == 1 and r.xlen(logs) == 1, 10,
+                               "the event and the lines")
+        assert stream_id_ms(read_all(r, logs)[0][0]) <= stream_id_ms(read_all(r, events)[0][0])
+    finally:
+        await pub.close()

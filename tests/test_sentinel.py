@@ -39,7 +39,7 @@ from elastic_agent.coordination.protocol import (
     EventType,
     JobKeys,
     LogBatch,
-    decode_log_batch,
+    decode_log_entries,
     stream_id_ms,
 )
 from elastic_agent.coordination.store import RedisStore
@@ -158,9 +158,7 @@ def log_batches(r: redis.Redis, job: str) -> list[LogBatch]:
     out = []
     for stream in r.smembers(JobKeys(job).log_streams):
         for i, f in r.xrange(stream):
-            b = decode_log_batch(i, f)
-            if b is not None:
-                out.append(b)
+            out += decode_log_entries(i, f) or []
     return out
 
 

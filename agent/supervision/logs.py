@@ -8,9 +8,11 @@ Every chunk a worker writes to stdout or stderr goes three ways:
    ``tee`` to the file and the terminal with a ``[role0]:``-style prefix on every line, a
    stream neither redirected nor teed goes to the terminal unprefixed, and
    ``local_ranks_filter`` limits which local ranks reach the terminal at all;
-3. as lines to the node's log stream in Redis, several lines per entry
-   (:class:`~elastic_agent.coordination.protocol.LogBatch`), through a
-   :class:`~elastic_agent.supervision.publisher.StreamPublisher`.
+3. as lines to the node's log stream in Redis, through a
+   :class:`~elastic_agent.supervision.publisher.StreamPublisher`: one
+   :class:`~elastic_agent.coordination.protocol.LogBatch` per worker stream and flush, the
+   batches of all the node's workers in one entry (:class:`NodeBatcher`), which waits up to
+   :data:`LOG_LINGER` for more lines (fewer, fuller XADDs; an event sends it at once).
 
 Redis gets what a terminal shows, not the bytes: a line redrawn with ``\\r`` (a progress bar)
 is shipped as its last frame (``\\r\\n`` is an ordinary line end). While such a line is
@@ -75,6 +77,9 @@ TERMINAL_PARTIAL_MAX = 64 * 1024
 LIVE_DELAY = 0.1
 #: ... and then at most this often while it changes.
 LIVE_INTERVAL = 0.25
+#: A node's log entry waits this long for more lines before it is sent (an event, e.g. a
+#: worker's exit, sends it at once): one XADD per node and 50 ms, not per worker and line.
+LOG_LINGER = 0.05
 #: Worker output may hold secrets (tokens, paths, data): only the agent's user may read it.
 LOG_FILE_MODE = 0o600
 LOG_DIR_MODE = 0o700
@@ -394,6 +399,8 @@ class NodeLogs:
         self.publisher = publisher
         self.node_id = node_id or ""
         self._stream_key = JobKeys(job_id).logs(self.node_id) if job_id else ""
+        self.batcher = (NodeBatcher(publisher, self._stream_key, self.config, self.node_id)
+                        if publisher is not None else None)
         self._streams_key = JobKeys(job_id).log_streams if job_id else ""
         self._registered = False
         self._stdout = stdout
@@ -515,9 +522,8 @@ class WorkerLogs:
                 redirected = bool(std_for(cfg.redirects, local_rank) & bit)
                 writer = node._writer(name) if visible and (teed or not redirected) else None
                 shipper = None
-                if node.publisher is not None:
-                    shipper = _Shipper(node.publisher, node.stream_key, cfg, node.node_id, rank,
-                                       local_rank, attempt, name)
+                if node.batcher is not None:
+                    shipper = _Shipper(node.batcher, cfg, rank, local_rank, attempt, name)
                 fd = create_log_file(dir_fd, fname, directory / fname)
                 # torchrun duplicates only what it tees (its TailLog reads the teed files).
                 filtered = node.filtered_file(name, directory.parent) if teed else None
@@ -538,9 +544,9 @@ class WorkerLogs:
             for name, dest in ((protocol.STDOUT, destinations.stdout),
                                (protocol.STDERR, destinations.stderr)):
                 shipper = None
-                if node.publisher is not None:
-                    shipper = _Shipper(node.publisher, node.stream_key, cfg, node.node_id,
-                                       self.rank, self.local_rank, self.attempt, name)
+                if node.batcher is not None:
+                    shipper = _Shipper(node.batcher, cfg, self.rank, self.local_rank,
+                                       self.attempt, name)
                 fd = open_plugin_file(dest.file) if dest.file is not None else None
                 filtered = (node.filtered_file(name, dest.filtered.parent, dest.filtered)
                             if dest.filtered is not None else None)
@@ -713,10 +719,10 @@ class _StreamLog:
 
 
 class _Batch:
-    """Lines of one worker stream waiting in the publisher (a ``DeferredPayload``).
+    """Lines of one worker stream waiting in the publisher: its part of a node's entry.
 
     ``segments`` are blocks of lines already joined by newlines: joining them with newlines
-    again gives exactly ``encode_log_batch``'s ``lines`` field, without a per-line split.
+    again gives exactly the stream's lines, without a per-line split.
     """
 
     __slots__ = ("lines", "live", "nbytes", "segments", "shipper")
@@ -728,30 +734,84 @@ class _Batch:
         self.nbytes = 0
         self.live: str | None = None  # the latest frame of the unfinished line, sent last
 
-    @property
-    def weight(self) -> int:
-        return self.lines
-
-    def build(self) -> dict[str, str]:
+    def batch(self) -> LogBatch:
+        """The stream's next batch (numbered now: batches are numbered as they are sent)."""
         s = self.shipper
         s.seq += 1
         lines = self.segments if self.live is None else [*self.segments, self.live]
-        return protocol.encode_log_batch(LogBatch(
-            node=s.node, rank=s.rank, local_rank=s.local_rank, attempt=s.attempt,
-            stream=s.stream, seq=s.seq, lines=lines, live=self.live is not None))
+        return LogBatch(node=s.node, rank=s.rank, local_rank=s.local_rank, attempt=s.attempt,
+                        stream=s.stream, seq=s.seq, lines=lines, live=self.live is not None)
+
+
+class _NodeEntry:
+    """The node's next log entry (a ``DeferredPayload``): the lines every worker stream of the
+    node printed while it waited in the publisher, one :class:`_Batch` per stream, in the
+    order they first printed."""
+
+    __slots__ = ("nbytes", "node", "parts")
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.parts: dict[_Shipper, _Batch] = {}
+        self.nbytes = 0
+
+    @property
+    def weight(self) -> int:
+        return sum(p.lines + (p.live is not None) for p in self.parts.values())
+
+    def build(self) -> dict[str, str]:
+        return protocol.encode_node_log_entry(
+            self.node, [p.batch() for p in self.parts.values() if p.segments or p.live])
+
+
+class NodeBatcher:
+    """Gathers the lines of all the node's worker streams into one entry per flush.
+
+    At 4,096 ranks printing ~12 lines/s each, one entry per worker stream and flush was
+    ~50k one-line XADDs a second for Redis and every console to handle; one entry per node
+    and flush, waiting up to :data:`LOG_LINGER` for more lines, is a few thousand.
+    """
+
+    def __init__(self, publisher: StreamPublisher, key: str, cfg: LogConfig,
+                 node: str) -> None:
+        self.publisher = publisher
+        self.key = key
+        self.maxlen = cfg.maxlen
+        self.max_entry_bytes = cfg.max_entry_bytes
+        self.node = node
+        self._entry: _NodeEntry | None = None
+        self._handle: Record | None = None
+
+    def part(self, shipper: _Shipper) -> tuple[_Batch, Record]:
+        """``shipper``'s part of the entry still waiting in the publisher, or of a new one
+        once it was sent, sealed or full."""
+        entry, handle = self._entry, self._handle
+        if (entry is None or handle is None or not handle.open
+                or entry.nbytes >= self.max_entry_bytes):
+            entry = _NodeEntry(self.node)
+            handle = self.publisher.publish_deferred(self.key, entry, self.maxlen,
+                                                     linger=LOG_LINGER)
+            self._entry, self._handle = entry, handle
+        batch = entry.parts.get(shipper)
+        if batch is None:
+            batch = entry.parts[shipper] = _Batch(shipper)
+        return batch, handle
+
+    def grow(self, handle: Record, nbytes: int) -> None:
+        """``nbytes`` more in the entry of ``handle`` (see :meth:`StreamPublisher.grow`)."""
+        if handle is self._handle and self._entry is not None:
+            self._entry.nbytes += nbytes
+        self.publisher.grow(handle, nbytes)
 
 
 class _Shipper:
     """Cuts one worker stream into lines and hands them to the publisher in batches."""
 
-    def __init__(self, publisher: StreamPublisher, key: str, cfg: LogConfig, node: str,
-                 rank: int, local_rank: int, attempt: int, stream: str) -> None:
-        self.publisher = publisher
-        self.key = key
-        self.maxlen = cfg.maxlen
-        self.max_entry_bytes = cfg.max_entry_bytes
+    def __init__(self, batcher: NodeBatcher, cfg: LogConfig, rank: int, local_rank: int,
+                 attempt: int, stream: str) -> None:
+        self.batcher = batcher
         self.cap = cfg.max_line_bytes
-        self.node = node
+        self.node = batcher.node
         self.rank = rank
         self.local_rank = local_rank
         self.attempt = attempt
@@ -765,8 +825,6 @@ class _Shipper:
         self._partial_extra = 0
         self._cr = False
         self._redrawn = False
-        self._batch: _Batch | None = None
-        self._handle: Record | None = None
         self._live_timer: asyncio.TimerHandle | None = None
         self._live_dirty = False  # the frame changed since it was last shipped
         self._live_at = -LIVE_INTERVAL  # loop time of the last live frame shipped
@@ -805,18 +863,8 @@ class _Shipper:
             nbytes = len(self._partial) + self._partial_extra
             self._ship([self._take_partial()], 1, nbytes)
 
-    def _open_batch(self) -> tuple[_Batch, Record]:
-        """The batch still waiting in the publisher, or a new one once it was sent or full."""
-        batch, handle = self._batch, self._handle
-        if (batch is None or handle is None or not handle.open
-                or batch.nbytes >= self.max_entry_bytes):
-            batch = _Batch(self)
-            handle = self.publisher.publish_deferred(self.key, batch, self.maxlen)
-            self._batch, self._handle = batch, handle
-        return batch, handle
-
     def _ship(self, texts: list[str], nlines: int, nbytes: int) -> None:
-        batch, handle = self._open_batch()
+        batch, handle = self.batcher.part(self)
         if batch.live is not None:
             # The first of these lines finishes the line whose frame waits here unsent:
             # the frame would only be replaced by it.
@@ -824,7 +872,7 @@ class _Shipper:
         batch.segments.extend(texts)
         batch.lines += nlines
         batch.nbytes += nbytes
-        self.publisher.grow(handle, nbytes)
+        self.batcher.grow(handle, nbytes)
 
     # -- lines redrawn in place -----------------------------------------------------------
 
@@ -848,10 +896,10 @@ class _Shipper:
         self._live_dirty = False
         self._live_at = asyncio.get_running_loop().time()
         text = self._frame_text(bytes(self._partial), self._partial_extra)
-        batch, handle = self._open_batch()
+        batch, handle = self.batcher.part(self)
         old = len(batch.live) if batch.live is not None else 0
         batch.live = text  # a frame not sent yet is replaced: frames coalesce in an outage
-        self.publisher.grow(handle, max(0, len(text) - old))  # also wakes the flusher
+        self.batcher.grow(handle, max(0, len(text) - old))
 
     # -- lines ----------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ import contextlib
 import logging
 import math
 import socket
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -90,8 +91,20 @@ class Record:
     record once it is not (taken for sending, dropped, or sealed by a later ``publish``).
     """
 
-    __slots__ = ("args", "droppable", "fields", "key", "marker", "maxlen", "open", "payload",
-                 "seq", "size", "weight")
+    __slots__ = (
+        "args",
+        "droppable",
+        "due",
+        "fields",
+        "key",
+        "marker",
+        "maxlen",
+        "open",
+        "payload",
+        "seq",
+        "size",
+        "weight",
+    )
 
     def __init__(self, seq: int, key: str, maxlen: int, droppable: bool, size: int,
                  weight: int, fields: Mapping[str, str] | None = None,
@@ -108,6 +121,7 @@ class Record:
         self.args = args
         self.open = payload is not None
         self.marker = False
+        self.due = 0.0  # loop time until which it may wait for more content (0: none)
 
     def __repr__(self) -> str:
         return f"Record(seq={self.seq}, key={self.key!r})"
@@ -187,6 +201,10 @@ class StreamPublisher:
         self._bytes = 0
         self._seq = 0
         self._inflight: list[Record] = []
+        # Lingering deferred records (publish_deferred's linger): the earliest time one of
+        # them is due, and whether a record that must not wait is queued.
+        self._linger_due = math.inf
+        self._urgent = False
         # The overflow episode in progress: weight dropped so far and where the gap ends.
         self._episode_weight = 0
         self._episode_records = 0
@@ -229,16 +247,22 @@ class StreamPublisher:
                              fields=fields))
 
     def publish_deferred(self, stream_key: str, payload: DeferredPayload, maxlen: int, *,
-                         size: int = 0, droppable: bool = True) -> Record:
+                         size: int = 0, droppable: bool = True, linger: float = 0.0) -> Record:
         """Queue a record built later by ``payload.build()``; return its handle.
 
         While ``handle.open``, the owner may add to the payload and must report the added
         bytes with :meth:`grow`. Lines added that way join the record where it was first
         published: they may be sent ahead of records of other keys published in between
         (never behind them); ``publish`` seals open records to keep events in strict order.
+
+        ``linger``: the record may wait up to this many seconds for more content before it
+        is sent (fewer, fuller entries). Anything published without it, a :meth:`flush`, an
+        outage's replay or a buffer a quarter full sends everything waiting at once.
         """
         rec = Record(self._next_seq(), stream_key, maxlen, droppable,
                      size + len(stream_key) + _RECORD_OVERHEAD, 0, payload=payload)
+        if linger > 0:
+            rec.due = time.monotonic() + linger
         self._open.add(rec)
         self._enqueue(rec)
         return rec
@@ -250,7 +274,8 @@ class StreamPublisher:
         handle.size += nbytes
         self._bytes += nbytes
         self._enforce_bounds()
-        self._wake.set()
+        if not handle.due:  # a lingering record's flush is already timed
+            self._wake.set()
 
     def publish_command(self, *args: Any, droppable: bool = False) -> None:
         """Queue an arbitrary command (e.g. ``SADD``) in order with the stream records."""
@@ -360,6 +385,10 @@ class StreamPublisher:
             self._open.clear()
 
     def _enqueue(self, rec: Record) -> None:
+        if rec.due:
+            self._linger_due = min(self._linger_due, rec.due)
+        else:
+            self._urgent = True
         (self._drop_q if rec.droppable else self._keep_q).append(rec)
         self._bytes += rec.size
         self._enforce_bounds()
@@ -407,8 +436,18 @@ class StreamPublisher:
     def _has_pending(self) -> bool:
         return bool(self._drop_q or self._keep_q or self._episode_records)
 
+    def _linger_s(self) -> float:
+        """How long the records waiting may still wait for more content (0: send now)."""
+        if (self._urgent or self._waiters or self._closed or self._episode_records
+                or 4 * self._bytes >= self.max_bytes
+                or 4 * (len(self._drop_q) + len(self._keep_q)) >= self.max_records):
+            return 0.0
+        return self._linger_due - time.monotonic()
+
     def _take(self) -> list[Record]:
         """Take up to ``max_batch`` records in ``seq`` order, the drop marker in its place."""
+        self._linger_due = math.inf
+        self._urgent = False
         batch: list[Record] = []
         dq, kq = self._drop_q, self._keep_q
         while len(batch) < self.max_batch:
@@ -434,6 +473,8 @@ class StreamPublisher:
                     rec.args = ()
                 rec.payload = None
             batch.append(rec)
+        if self._has_pending():  # more than max_batch: the rest goes next, without waiting
+            self._urgent = True
         return batch
 
     def _take_marker(self) -> Record:
@@ -458,8 +499,9 @@ class StreamPublisher:
 
         So an outage keeps one overflow episode (the marker is rebuilt with the final count
         when it is finally sent) and the bound covers every waiting record, including the
-        oldest, which an overflow drops first.
+        oldest, which an overflow drops first. It is re-sent without lingering.
         """
+        self._urgent = True
         for rec in reversed(batch):
             if rec.marker:
                 self._episode_weight += rec.weight
@@ -502,6 +544,14 @@ class StreamPublisher:
                 # wait sets it again (single-threaded, no await in between).
                 self._wake.clear()
                 await self._wake.wait()
+                continue
+            linger = self._linger_s()
+            if linger > 0:
+                # Lines gather for up to the linger; a record that must not wait, a flush()
+                # or close() sets the event and ends the wait early.
+                self._wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), linger)
                 continue
             self._inflight = self._take()
             try:
