@@ -1,12 +1,13 @@
 """How fast the console's reader folds log entries, without Textual: its ceiling per rank count.
 
 A ``redis-server`` on a free loopback port; ``console_bench.Feeder`` writes ``--seconds`` of
-its 50k lines/s feed for ``--ranks`` ranks (one entry per worker stream every 100 ms: at 4,096
-ranks about one line an entry) after a ``JobClient`` has set its cursor. Then the client's
+its 50k lines/s feed for ``--ranks`` ranks (as agents write it: one entry per node every 50 ms
+with the batches of each of its 16 workers' streams that printed, ~1.2 lines a batch at 4,096
+ranks) after a ``JobClient`` has set its cursor. Then the client's
 ``follow_many()`` reads the backlog and ``JobView.apply_many`` folds every record, as the app's
-reader does, until every line is in. Printed: entries and lines per second, microseconds per entry,
-and the entry rate the 50k lines/s feed needs at that world size, with the ratio of the two
-(below 1: the console cannot keep up even with nothing else to do).
+reader does, until every line is in. Printed: lines and batches per second, microseconds per batch,
+and the ratio of lines folded per second to the feed's 50k (below 1: the console cannot keep
+up even with nothing else to do).
 
 torchrun has no console: the baseline is the feed the goal asks for.
 
@@ -41,14 +42,18 @@ async def fold(url: str, feeder: console_bench.Feeder, seconds: float) -> dict[s
         await client.history(max_events=10, max_log_entries_per_stream=0)  # cursor: now
         lines = feeder.prefill(seconds)
         entries = feeder.entries_written
-        got = 0
+        got = batches = 0
         t0 = time.perf_counter()
         async for records in client.follow_many():
             view.apply_many(records)
-            got += sum(len(rec.lines) for rec in records if isinstance(rec, LogBatch))
+            for rec in records:
+                if isinstance(rec, LogBatch):
+                    got += len(rec.lines)
+                    batches += 1
             if got >= lines:
                 break
-        return {"seconds": time.perf_counter() - t0, "lines": lines, "entries": entries}
+        return {"seconds": time.perf_counter() - t0, "lines": lines, "entries": entries,
+                "batches": batches}
     finally:
         await client.close()
 
@@ -66,14 +71,12 @@ def main(argv: list[str] | None = None) -> int:
         r = asyncio.run(fold(server.url, feeder, args.seconds))
     finally:
         server.stop()
-    per_s = r["entries"] / r["seconds"]
-    need = r["entries"] / args.seconds
-    print(f"reader: {args.ranks} ranks, {r['lines']:,} lines in {r['entries']:,} entries "
-          f"({r['lines'] / r['entries']:.2f} lines an entry)")
-    print(f"  folded: {per_s:,.0f} entries/s, {r['lines'] / r['seconds']:,.0f} lines/s, "
-          f"{r['seconds'] / r['entries'] * 1e6:.1f} us an entry")
-    print(f"  the {RATE:,} lines/s feed needs {need:,.0f} entries/s: "
-          f"ceiling / need = {per_s / need:.2f}x")
+    lines_s = r["lines"] / r["seconds"]
+    print(f"reader: {args.ranks} ranks, {r['lines']:,} lines in {r['batches']:,} worker-stream "
+          f"batches ({r['lines'] / r['batches']:.2f} lines a batch) in {r['entries']:,} entries")
+    print(f"  folded: {lines_s:,.0f} lines/s, {r['batches'] / r['seconds']:,.0f} batches/s, "
+          f"{r['seconds'] / r['batches'] * 1e6:.1f} us a batch")
+    print(f"  the feed is {RATE:,} lines/s: ceiling / need = {lines_s / RATE:.2f}x")
     return 0
 
 

@@ -419,6 +419,7 @@ class JobView:
         pending: list[LogLine] = []  # lines for the interleaved ring, in arrival order
         newest = 0
         head, ms = "", 0
+        last_eid: str | None = None
         folded = False
         for rec in records:
             if type(rec) is LogBatch and rec.live is False:
@@ -445,13 +446,15 @@ class JobView:
                 if seq <= last_seq.get(key, 0):
                     continue  # a retried XADD's second copy
                 last_seq[key] = seq
-            h = eid.partition("-")[0]
-            if h != head:  # consecutive ids often share their millisecond
-                try:
-                    ms = int(h)
-                except ValueError:
-                    ms = 0
-                head = h
+            if eid is not last_eid:  # a node's entry: its batches share their id
+                last_eid = eid
+                h = eid.partition("-")[0]
+                if h != head:  # consecutive ids often share their millisecond
+                    try:
+                        ms = int(h)
+                    except ValueError:
+                        ms = 0
+                    head = h
             if len(lines) == 1:
                 text = lines[0]
                 made = [(ms, rank, stream, text if text.isprintable() else sanitize(text))]

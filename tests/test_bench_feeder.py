@@ -6,14 +6,18 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from elastic_agent.coordination.protocol import JobKeys, decode_log_entries, encode_node_log_entry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import console_bench
 
 
-def test_the_feeders_log_entries_are_what_an_agent_writes(r, job_id):
-    feeder = console_bench.Feeder(r, job_id, 40, 20_000, seed=3)
+@pytest.mark.parametrize(("ranks", "rate"), [(40, 20_000), (64, 2_000)],
+                         ids=["many-lines-a-batch", "one-or-two-lines-a-batch"])
+def test_the_feeders_log_entries_are_what_an_agent_writes(r, job_id, ranks, rate):
+    feeder = console_bench.Feeder(r, job_id, ranks, rate, seed=3)
     feeder.setup()
     lines = feeder.prefill(0.3)
     keys = JobKeys(job_id)
