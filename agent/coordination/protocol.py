@@ -200,7 +200,7 @@ class JobKeys:
         return self._k("logs")
 
     def logs(self, node_id: str) -> str:
-        """Stream: the log lines of one node's workers (a ``rank`` field in each entry)."""
+        """Stream: the log lines of one node's workers (:func:`encode_node_log_entry`)."""
         return self._k(f"logs:{node_id}")
 
     @property
