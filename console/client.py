@@ -107,7 +107,7 @@ _CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, socket.timeout,
 # Events after which a new node's log stream may exist (its SADD precedes workers_started
 # on the same ordered publisher); the timed refresh catches the rest.
 _MAX_SAMPLE_BYTES = 64 * 1024
-RESOURCES_PER_SLICE = 512  # samples decoded between two yields to the event loop (~10 ms)
+RESOURCES_PER_SLICE = 128  # samples decoded between two yields to the event loop (~3 ms)
 
 _NEW_STREAM_EVENTS = frozenset({EventType.NODE_JOINED, EventType.RENDEZVOUS_COMPLETE,
                                 EventType.WORKERS_STARTED})

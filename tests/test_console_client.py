@@ -478,3 +478,68 @@ def test_follow_many_yields_what_follow_yields(redis_url, r, job_id):
             await many.close()
 
     run(main())
+
+
+def test_reading_thousands_of_resource_samples_lets_the_event_loop_run(redis_url, r, job_id,
+                                                                       monkeypatch):
+    """4,096 ranks' samples decoded in one go were a 90 ms stall a second: the client yields
+    to the event loop every RESOURCES_PER_SLICE samples, so keys and frames go between."""
+    n = 4 * client_module.RESOURCES_PER_SLICE + 1
+    r.hset(JobKeys(job_id).resources, mapping={
+        str(rank): json.dumps({"rank": rank, "cpu": 99.5, "rss": 1 << 30, "ts": 1.0})
+        for rank in range(n)})
+
+    async def main() -> None:
+        client = JobClient(redis_url, job_id)
+        turns = 0
+        done = False
+        seen: list[int] = []  # the loop turns so far, at each sample decoded
+        decode = client_module.decode_json
+
+        def counting_decode(*args: object) -> object:
+            seen.append(turns)
+            return decode(*args)
+
+        async def ticker() -> None:
+            nonlocal turns
+            while not done:
+                turns += 1
+                await asyncio.sleep(0)
+
+        monkeypatch.setattr(client_module, "decode_json", counting_decode)
+        try:
+            task = asyncio.ensure_future(ticker())
+            samples = await client.resources()
+            done = True
+            await task
+        finally:
+            await client.close()
+        assert len(samples) == n and samples[7]["cpu"] == 99.5
+        # Turns between the first sample decoded and the last: the reply's wait not counted.
+        assert seen[-1] - seen[0] >= 4, (seen[0], seen[-1])
+
+    run(main())
+
+
+def test_follow_many_hands_a_big_read_over_in_small_lists(redis_url, r, job_id, monkeypatch):
+    """A read holds up to READ_COUNT entries of every stream: follow_many decodes and yields
+    DECODE_SLICE entries' records at a time, so the console gets control back in between."""
+    monkeypatch.setattr(client_module, "DECODE_SLICE", 8)
+    add_event(r, job_id, EventType.NODE_JOINED, host="a")
+    add_logs(r, job_id, "a-1-x", 0, 1, "before")
+
+    async def main() -> None:
+        client = JobClient(redis_url, job_id)
+        try:
+            await client.history()
+            for i in range(50):  # all there before the first read
+                add_logs(r, job_id, "a-1-x", 0, 2 + i, f"line {i}")
+            col = ManyCollector(client.follow_many())
+            await wait_until_async(lambda: len(col.of(LogBatch)) == 50, 10, "the 50 lines")
+            await col.stop()
+        finally:
+            await client.close()
+        assert [b.lines for b in col.of(LogBatch)] == [[f"line {i}"] for i in range(50)]
+        assert max(len(lst) for lst in col.lists) <= 8 and len(col.lists) >= 7
+
+    run(main())

@@ -502,6 +502,8 @@ def _mixed_records(rnd: random.Random) -> list[object]:
         texts = [rnd.choice(["step", f"loss {i}", f"{ESC}[32mok{ESC}[0m", f"{ESC}]0;t\x07x",
                              "bar 10%\r", ""]) for _ in range(rnd.choice([1, 1, 1, 2, 5]))]
         b = batch(rank, texts, seq, node="a-1-x" if rank < 2 else "b-2-y", stream=stream)
+        if rnd.random() < 0.4 and out and isinstance(out[-1], LogBatch):
+            b = b._replace(id=out[-1].id)  # batches of one node entry share its id
         out.append(b._replace(live=rnd.random() < 0.15))
     return out
 
