@@ -561,35 +561,12 @@ class JobClient:
         from the same ids. A refusal that is not an outage (e.g. ``NOPERM``) raises
         :class:`RedisUnavailableError`.
 
-        The cursor moves one record at a time: a consumer that stops after a record resumes
-        right after it.
+        The cursor moves one entry at a time: a consumer that stops after an entry's records
+        resumes right after it.
         """
-        k = self.keys
-        decoder = LogEntryDecoder()
-        async for reply in self._replies(logs):
-            if isinstance(reply, ConnectionChange):
-                yield reply
-                continue
-            skipped_before = self.skipped
-            for key, entries in reply:
-                stream = _s(key)
-                is_events = stream == k.events
-                for entry in entries:
-                    eid = _s(entry[0])
-                    # Advance before yielding: a consumer that stops here resumes after it.
-                    self._last_ids[stream] = eid
-                    if is_events:
-                        ev = self._event(eid, entry[1])
-                        if ev is not None:
-                            yield ev
-                    else:
-                        batches, refused = decoder.decode([entry])
-                        self.skipped += refused
-                        for batch in batches:
-                            yield batch
-            if self.skipped != skipped_before or self._reported_skips != self.skipped:
-                self._reported_skips = self.skipped
-                yield Skipped(self.skipped)
+        async for piece in self._pieces(logs, 1):
+            for rec in piece:
+                yield rec
 
     async def follow_many(self, logs: bool = True) -> AsyncIterator[list[Record]]:
         """:meth:`follow`, many records per list: the same records in the same order, at a
@@ -597,6 +574,13 @@ class JobClient:
         takes tens of thousands a second). A list holds at most ``DECODE_SLICE`` entries'
         records, so a consumer gets control back (and can let keys through) every few
         milliseconds, however big a read was; the cursor moves a list at a time."""
+        async for piece in self._pieces(logs, DECODE_SLICE):
+            yield piece
+
+    async def _pieces(self, logs: bool, size: int) -> AsyncIterator[list[Record]]:
+        """The records of :meth:`_replies`, decoded ``size`` entries of a stream at a time,
+        the cursor moved past those entries before their records are yielded; a
+        :class:`Skipped` alone after a read that skipped any, a ConnectionChange alone."""
         k = self.keys
         decoder = LogEntryDecoder()
         async for reply in self._replies(logs):
@@ -605,11 +589,9 @@ class JobClient:
                 continue
             skipped_before = self.skipped
             for key, entries in reply:
-                if not entries:
-                    continue
                 stream = _s(key)
-                for i in range(0, len(entries), DECODE_SLICE):
-                    part = entries[i:i + DECODE_SLICE]
+                for i in range(0, len(entries), size):
+                    part = entries[i:i + size]
                     out: list[Record]
                     if stream == k.events:
                         out = [ev for ev in (self._event(_s(e[0]), e[1]) for e in part)
@@ -618,6 +600,7 @@ class JobClient:
                         batches, refused = decoder.decode(part)
                         out = batches  # type: ignore[assignment]
                         self.skipped += refused
+                    # Advance before yielding: a consumer that stops here resumes after it.
                     self._last_ids[stream] = _s(part[-1][0])
                     if out:
                         yield out

@@ -81,7 +81,6 @@ import logging
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any, NamedTuple
 
 from elastic_agent.coordination.protocol import Event, EventType, LogBatch
@@ -177,6 +176,16 @@ class Skipped:
     not be read (malformed, unknown version, a key that is not a stream, a foreign name)."""
 
     total: int
+
+
+def _log_lines(ms: int, rank: int, stream: str,
+               lines: list[str]) -> list[tuple[int, int, str, str]]:
+    """A batch's lines as the rings keep them: plain tuples (see the module docstring:
+    untracked by the cyclic GC), text escaped (a printable line, the common case, as is)."""
+    if len(lines) == 1:  # a batch is often one line (thousands of ranks, ~10 lines/s each)
+        t = lines[0]
+        return [(ms, rank, stream, t if t.isprintable() else sanitize(t))]
+    return [(ms, rank, stream, t if t.isprintable() else sanitize(t)) for t in lines]
 
 
 class BatchDeduper:
@@ -455,19 +464,12 @@ class JobView:
                     except ValueError:
                         ms = 0
                     head = h
-            if len(lines) == 1:
-                text = lines[0]
-                made = [(ms, rank, stream, text if text.isprintable() else sanitize(text))]
-            else:
-                made = [(ms, rank, stream, t if t.isprintable() else sanitize(t))
-                        for t in lines]
-            buf.extend_list(made)
-            pending += made
+            made = _log_lines(ms, rank, stream, lines)
+            buf.extend_list(made)  # type: ignore[arg-type]  # plain 4-tuples, LogLine-compatible
+            pending += made  # type: ignore[arg-type]
             folded = True
             if ms > rs.last_line_ms:
-                rs.last_line_ms = ms
-                if rs.state in (STALLED, WAITS) and ms > self._stalled_ms:
-                    rs.state = RUNNING  # it printed again: it is not stalled any more
+                self._printed(rs, ms)
             if ms > newest:
                 newest = ms
         if pending:
@@ -550,14 +552,7 @@ class JobView:
             if self._dedupe.seen(batch):
                 return
             ms = batch.server_ms
-            # Plain tuples (see the module docstring): untracked by the cyclic GC. zip builds
-            # them at C speed; a batch is often one line (thousands of ranks, ~10 lines/s each).
-            n = len(lines)
-            if n == 1:
-                made = [(ms, rank, stream, sanitize(lines[0]))]
-            else:
-                made = list(zip(repeat(ms, n), repeat(rank, n), repeat(stream, n),
-                                map(sanitize, lines)))
+            made = _log_lines(ms, rank, stream, lines)
             row = self._inplace.take(batch)
         except Exception:
             self.ignored += 1
@@ -583,10 +578,14 @@ class JobView:
                                               local_rank=_int(batch.local_rank, None))
             rs.host = self._host_of(rs.node)
         if rs is not None and ms > rs.last_line_ms:
-            rs.last_line_ms = ms
-            if rs.state in (STALLED, WAITS) and ms > self._stalled_ms:
-                rs.state = RUNNING  # it printed again: it is not stalled any more
+            self._printed(rs, ms)
         self.version += 1
+
+    def _printed(self, rs: RankState, ms: int) -> None:
+        """``rs`` printed a line at server ms ``ms``, newer than its last one."""
+        rs.last_line_ms = ms
+        if rs.state in (STALLED, WAITS) and ms > self._stalled_ms:
+            rs.state = RUNNING  # it printed again: it is not stalled any more
 
     def apply_resources(self, samples: Mapping[Any, Any]) -> None:
         """Fold the latest resource sample per rank (``{rank: {cpu, rss, threads, pid, ts}}``)."""

@@ -542,19 +542,17 @@ def decode_log_entries(entry_id: str | bytes, fields: Mapping[Any, Any]) -> list
     """The batches of any log entry: one worker stream's (:func:`decode_log_batch`) or a
     node's (:func:`encode_node_log_entry`). ``None`` for a malformed entry (one bad part
     refuses the whole entry: its lines could not be told apart)."""
+    def field(name: str) -> Any:  # fields as redis-py gives them: bytes or str names
+        return fields.get(name.encode(), fields.get(name))
+
     try:
-        parts = fields.get(b"parts", fields.get("parts"))
-    except TypeError:
+        parts = field("parts")
+        if parts is None:
+            batch = decode_log_batch(entry_id, fields)
+            return None if batch is None else [batch]
+        return _node_batches(entry_id, field("v"), field("node"), parts, field("lines"))
+    except TypeError:  # an unhashable name
         return None
-    if parts is None:
-        batch = decode_log_batch(entry_id, fields)
-        return None if batch is None else [batch]
-    try:
-        v, node, lines = (fields.get(b"v", fields.get("v")), fields.get(b"node", fields.get("node")),
-                          fields.get(b"lines", fields.get("lines")))
-    except TypeError:
-        return None
-    return _node_batches(entry_id, v, node, parts, lines)
 
 
 def _node_batches(entry_id: Any, v: Any, node_raw: Any, parts_raw: Any,
@@ -562,9 +560,7 @@ def _node_batches(entry_id: Any, v: Any, node_raw: Any, parts_raw: Any,
     """A node entry's batches from its raw fields (bytes or str); None if malformed."""
     try:
         if (_str(v) not in _SUPPORTED_V_STR or len(node_raw) > MAX_NAME_CHARS
-                or len(lines_raw) > MAX_LOG_ENTRY_BYTES):
-            return None
-        if len(parts_raw) > MAX_LOG_ENTRY_BYTES:
+                or len(lines_raw) > MAX_LOG_ENTRY_BYTES or len(parts_raw) > MAX_LOG_ENTRY_BYTES):
             return None
         # Not decode_json: its depth walk would cost more than the rest here (a node's
         # parts hold ~30 lists); the checks below refuse anything but a list of flat lists.

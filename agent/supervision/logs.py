@@ -725,13 +725,12 @@ class _Batch:
     again gives exactly the stream's lines, without a per-line split.
     """
 
-    __slots__ = ("lines", "live", "nbytes", "segments", "shipper")
+    __slots__ = ("lines", "live", "segments", "shipper")
 
     def __init__(self, shipper: _Shipper) -> None:
         self.shipper = shipper
         self.segments: list[str] = []
         self.lines = 0
-        self.nbytes = 0
         self.live: str | None = None  # the latest frame of the unfinished line, sent last
 
     def batch(self) -> LogBatch:
@@ -782,9 +781,10 @@ class NodeBatcher:
         self._entry: _NodeEntry | None = None
         self._handle: Record | None = None
 
-    def part(self, shipper: _Shipper) -> tuple[_Batch, Record]:
+    def part(self, shipper: _Shipper) -> _Batch:
         """``shipper``'s part of the entry still waiting in the publisher, or of a new one
-        once it was sent, sealed or full."""
+        once it was sent, sealed or full. What is added to it is reported with :meth:`grow`
+        before anything else is published."""
         entry, handle = self._entry, self._handle
         if (entry is None or handle is None or not handle.open
                 or entry.nbytes >= self.max_entry_bytes):
@@ -795,13 +795,13 @@ class NodeBatcher:
         batch = entry.parts.get(shipper)
         if batch is None:
             batch = entry.parts[shipper] = _Batch(shipper)
-        return batch, handle
+        return batch
 
-    def grow(self, handle: Record, nbytes: int) -> None:
-        """``nbytes`` more in the entry of ``handle`` (see :meth:`StreamPublisher.grow`)."""
-        if handle is self._handle and self._entry is not None:
-            self._entry.nbytes += nbytes
-        self.publisher.grow(handle, nbytes)
+    def grow(self, nbytes: int) -> None:
+        """``nbytes`` more in the entry :meth:`part` just gave a part of."""
+        assert self._entry is not None and self._handle is not None
+        self._entry.nbytes += nbytes
+        self.publisher.grow(self._handle, nbytes)
 
 
 class _Shipper:
@@ -864,15 +864,14 @@ class _Shipper:
             self._ship([self._take_partial()], 1, nbytes)
 
     def _ship(self, texts: list[str], nlines: int, nbytes: int) -> None:
-        batch, handle = self.batcher.part(self)
+        batch = self.batcher.part(self)
         if batch.live is not None:
             # The first of these lines finishes the line whose frame waits here unsent:
             # the frame would only be replaced by it.
             batch.live = None
         batch.segments.extend(texts)
         batch.lines += nlines
-        batch.nbytes += nbytes
-        self.batcher.grow(handle, nbytes)
+        self.batcher.grow(nbytes)
 
     # -- lines redrawn in place -----------------------------------------------------------
 
@@ -896,10 +895,10 @@ class _Shipper:
         self._live_dirty = False
         self._live_at = asyncio.get_running_loop().time()
         text = self._frame_text(bytes(self._partial), self._partial_extra)
-        batch, handle = self.batcher.part(self)
+        batch = self.batcher.part(self)
         old = len(batch.live) if batch.live is not None else 0
         batch.live = text  # a frame not sent yet is replaced: frames coalesce in an outage
-        self.batcher.grow(handle, max(0, len(text) - old))
+        self.batcher.grow(max(0, len(text) - old))
 
     # -- lines ----------------------------------------------------------------------------
 
