@@ -369,7 +369,7 @@ async def test_stop_leaves_no_process_behind(tmp_path: Path) -> None:
             "import os, signal, time\\n"
             "os.setsid()\\n"
             "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
-            "print('grandchild', os.getpid(), flush=True)\\n"
+            "os.write(1, b'grandchild %d\\\\n' % os.getpid())\\n"
             "time.sleep(60)\\n")
         subprocess.Popen([sys.executable, "-c", setsid_child])
         if os.fork() == 0:  # a classic daemon: double fork, new session, stdio closed
@@ -377,18 +377,19 @@ async def test_stop_leaves_no_process_behind(tmp_path: Path) -> None:
             if os.fork() == 0:
                 os.setsid()  # out of the intermediate's group too: only its env betrays it
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                print("daemon", os.getpid(), flush=True)
+                os.write(1, b"daemon %d\\n" % os.getpid())
                 devnull = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):
                     os.dup2(devnull, fd)
                 time.sleep(60)
             os._exit(0)
-        print("worker ready")
+        os.write(1, b"worker ready\\n")
         time.sleep(60)
     """, shutdown_timeout=0.5)
     async with Group(spec) as group:
         (info,) = await group.start(assignment())
-        # Whole lines only: with -u a print is several writes.
+        # Three processes share the pipe: each line is one write (a print under -u is
+        # several, and two processes' lines interleaved, so the pattern never matched).
         pattern = re.compile(r"^(grandchild|daemon) (\d+)$", re.M)
         await wait_until_async(lambda: len(pattern.findall(stdout_of(tmp_path, 0))) == 2
                          and "worker ready\n" in stdout_of(tmp_path, 0),
