@@ -86,7 +86,12 @@ def test_n_nodes_get_unique_ranks_and_one_master(nodes: Nodes, n: int) -> None:
     assert {r.round for r in results} == {0}
     assert len({(r.master_addr, r.master_port) for r in results}) == 1
     rank0 = next(h for h, r in zip(handles, results) if r.group_rank == 0)
-    assert results[0].info.nodes[0]["node"] == rank0.node_id
+    info = rank0.round_info()
+    assert info is not None and info.nodes[0]["node"] == rank0.node_id
+    # Group rank 0 alone holds the whole round (it announces it); the others never read it.
+    assert rank0.last_round_info == info
+    assert all(h.last_round_info is None for h in handles if h is not rank0)
+    assert sorted(r.base_rank for r in results) == [0] * n  # (nproc 0: nodes said nothing)
 
 
 def test_a_waiter_is_woken_by_the_completion(nodes: Nodes) -> None:
@@ -218,7 +223,8 @@ def test_dead_member_is_dropped_from_an_open_round(nodes: Nodes) -> None:
     a, b = nodes.make(s), nodes.make(s)
     results = nodes.join_all([a, b])
     assert {r.group_world_size for r in results} == {2}
-    assert dead_id not in [n["node"] for n in results[0].info.nodes]
+    info = a.round_info()
+    assert info is not None and dead_id not in [n["node"] for n in info.nodes]
 
 
 def test_closed_rendezvous_refuses_joins(nodes: Nodes) -> None:

@@ -210,6 +210,12 @@ class JobKeys:
         return self._k("stacks")
 
     @property
+    def progress_newest(self) -> str:
+        """String ``"<round> <ms>"``: the newest progress of any member of that round (the
+        stall check's one shared value, so no check reads every node's field)."""
+        return self._k("progress:newest")
+
+    @property
     def progress(self) -> str:
         """Hash: node -> Redis server time (ms, integer) of the newest progress of any of its
         workers (an output line, or CPU time advancing; see supervision/stall.py). Written by
@@ -265,6 +271,12 @@ class JobKeys:
     def rdzv_round_info(self) -> str:
         """String (JSON): the last completed round (see ``RoundInfo``)."""
         return self._k("rdzv:round")
+
+    @property
+    def rdzv_assign(self) -> str:
+        """Hash: node -> ``"<round> <group rank> <base rank>"``, its place in the last round it
+        completed; what a node reads of a completed round (O(1), not the whole round)."""
+        return self._k("rdzv:assign")
 
     @property
     def rdzv_nodes(self) -> str:
