@@ -29,6 +29,7 @@ The protocol
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -37,9 +38,9 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Generator, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -573,6 +574,39 @@ return out
 """
 
 
+_SCRIPTS = {"join": _JOIN, "heartbeat": _HEARTBEAT, "leave": _LEAVE, "close": _CLOSE,
+            "membership": _MEMBERSHIP, "summary": _SUMMARY, "members_of": _MEMBERS_OF}
+
+T = TypeVar("T")
+
+
+def _advance(steps: Generator[Any, Any, Any], reply: Any,
+             error: BaseException | None) -> tuple[bool, Any]:
+    """Give ``steps`` the last call's reply (or error): (False, the next call) or (True, the
+    steps' result)."""
+    try:
+        return False, (steps.throw(error) if error is not None else steps.send(reply))
+    except StopIteration as stop:
+        return True, stop.value
+
+
+def _one(call: tuple[Any, ...]) -> Generator[Any, Any, Any]:
+    """Steps of one call."""
+    return (yield call)
+
+
+def _script(name: str, args: list[Any]) -> Generator[Any, Any, Any]:
+    """A step: run the rendezvous script ``name`` over the job's keys."""
+    reply = yield from _one(("script", name, args))
+    OOM.accepted()  # a write went through: a memory refusal, if any, is over
+    return reply
+
+
+def _command(method: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+    """A step: one plain command, by its redis-py method name."""
+    return ("command", method, args, kwargs)
+
+
 def _decode_list(value: Any) -> list[str]:
     # cjson encodes an empty Lua table as {}: treat any non-list as empty.
     return [str(x) for x in value] if isinstance(value, list) else []
@@ -613,14 +647,8 @@ class RedisRendezvous:
         self._client = client or make_client(self.endpoint)
         self._reader = reader or make_client(self.endpoint, blocking_ms=_BLOCK_CHUNK_MS)
         self._owns_clients = client is None
-        c = self._client
-        self._join = c.register_script(_JOIN)
-        self._heartbeat = c.register_script(_HEARTBEAT)
-        self._leave = c.register_script(_LEAVE)
-        self._close = c.register_script(_CLOSE)
-        self._membership = c.register_script(_MEMBERSHIP)
-        self._summary = c.register_script(_SUMMARY)
-        self._members_of = c.register_script(_MEMBERS_OF)
+        self._scripts = {name: self._client.register_script(source)
+                         for name, source in _SCRIPTS.items()}
         self._last_round: int | None = None  # the last round this node completed
         # What a heartbeat puts back if Redis comes back empty: the round's head, this node's
         # assignment and description, and (group rank 0 only) the whole round.
@@ -664,11 +692,33 @@ class RedisRendezvous:
             raise RendezvousOutOfMemoryError(
                 str(explain_error(exc, self.endpoint.display))) from None
 
-    def _call(self, script: Any, args: list[Any]) -> Any:
-        with self._redis_errors():
-            reply = script(keys=self._keys, args=args)
-        OOM.accepted()
-        return reply
+    # -- I/O: the steps below yield what they need; a driver does it ---------------------
+    def _drive(self, steps: Generator[Any, Any, T]) -> T:
+        """Run ``steps`` with this handle's (synchronous) clients."""
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            done, call = _advance(steps, reply, error)
+            if done:
+                return call
+            reply, error = None, None
+            try:
+                with self._redis_errors():
+                    reply = self._dispatch(call)
+            except (RendezvousConnectionError, redis.RedisError) as exc:
+                error = exc  # the steps may handle it (or it comes back out of throw)
+
+    def _dispatch(self, call: tuple[Any, ...]) -> Any:
+        """Do ``call`` on this handle's clients (a coroutine when they are asyncio's)."""
+        kind = call[0]
+        if kind == "script":
+            return self._scripts[call[1]](keys=self._keys, args=call[2])
+        if kind == "read":
+            return self._reader.xread(call[1], count=1, block=call[2])
+        return getattr(self._client, call[1])(*call[2], **call[3])
+
+    def _call(self, name: str, args: list[Any]) -> Any:
+        return self._drive(_script(name, args))
 
     # -- the handler contract -----------------------------------------------------------
     def get_backend(self) -> str:
@@ -701,9 +751,13 @@ class RedisRendezvous:
         ``progress`` is called whenever the wait changes (members join, the last call
         starts), from this thread.
         """
+        return self._drive(self._rendezvous_steps(progress))
+
+    def _rendezvous_steps(self, progress: Callable[[RendezvousProgress], None] | None
+                          ) -> Generator[Any, Any, RendezvousResult]:
         s = self.settings
         if self._last_round is None:
-            self._register_job()
+            yield from self._register_job()
         self._start_heartbeats()
         want = 0 if self._last_round is None else self._last_round + 1
         desc = NodeDescription(self.node_id, self.host, self.local_addr,
@@ -715,8 +769,8 @@ class RedisRendezvous:
             if self._stop.is_set():  # shutdown() from another thread: do not join again
                 raise RendezvousClosedError(f"node {self.node_id} left the rendezvous")
             sent = time.monotonic()
-            status, rnd, now, wake, notify_id, payload, assign = self._call(
-                self._join,
+            status, rnd, now, wake, notify_id, payload, assign = yield from _script(
+                "join",
                 [self.node_id, desc, s.min_nodes, s.max_nodes, int(s.last_call_timeout * 1000),
                  int(s.heartbeat_timeout * 1000), want],
             )
@@ -737,9 +791,8 @@ class RedisRendezvous:
                 # for readers if Redis comes back empty): one read of O(N) bytes per round.
                 self._round_json = b""
                 if result.group_rank == 0:
-                    with self._redis_errors():
-                        self._round_json = self._client.get(self.keys.rdzv_round_info) or b""
-                self._drop_round_store(result.round - 1)
+                    self._round_json = (yield _command("get", self.keys.rdzv_round_info)) or b""
+                yield from self._drop_round_store(result.round - 1)
                 return result
             left = join_deadline - time.monotonic()
             members: list[str] = []
@@ -765,13 +818,14 @@ class RedisRendezvous:
                 # Progress is refreshed by a join every few seconds, never by following every
                 # other node's join: that would wake N waiters N times.
                 block_ms = min(block_ms, _PROGRESS_MS)
-            self._wait_notify({self.keys.rdzv_notify: notify_id}, block_ms)
+            # Any entry means "look again": the join script re-reads the state and returns
+            # fresh ids, so nothing read here needs to be kept.
+            yield ("read", {self.keys.rdzv_notify: notify_id}, block_ms)
 
     def round_info(self) -> RoundInfo | None:
         """The last completed round, every node of it: O(N) bytes, for readers and the node
         that announces the round, not for every node."""
-        with self._redis_errors():
-            raw = self._client.get(self.keys.rdzv_round_info)
+        raw = self._drive(_one(_command("get", self.keys.rdzv_round_info)))
         return _decode_round(raw) if raw else None
 
     def members_of(self, round_: int, nodes: Collection[str]) -> set[str]:
@@ -780,25 +834,24 @@ class RedisRendezvous:
         nodes = list(dict.fromkeys(nodes))
         if not nodes:
             return set()
-        reply = self._call(self._members_of, [round_, *nodes])
+        reply = self._call("members_of", [round_, *nodes])
         return {x.decode() if isinstance(x, bytes) else str(x) for x in reply}
 
-    def _register_job(self) -> None:
+    def _register_job(self) -> Generator[Any, Any, None]:
         """List the job in the job index so consoles can find it (first registration wins)."""
-        with self._redis_errors():
-            secs, micros = self._client.time()
-            now_ms = secs * 1000 + micros // 1000
-            self._client.hsetnx(self.keys.meta, "created_ms", now_ms)
-            self._client.hset(self.keys.meta, mapping={
-                "min_nodes": self.settings.min_nodes, "max_nodes": self.settings.max_nodes,
-                # Readers call a job lost when no heartbeat is newer than this.
-                "heartbeat_timeout_ms": int(self.settings.heartbeat_timeout * 1000),
-            })
-            # Listed after its meta exists: an index entry without one is a job that expired
-            # or was removed, which readers drop from the index (see retention.py).
-            self._client.zadd(protocol.JOBS_INDEX, {self.job_id: now_ms}, nx=True)
+        secs, micros = yield _command("time")
+        now_ms = secs * 1000 + micros // 1000
+        yield _command("hsetnx", self.keys.meta, "created_ms", now_ms)
+        yield _command("hset", self.keys.meta, mapping={
+            "min_nodes": self.settings.min_nodes, "max_nodes": self.settings.max_nodes,
+            # Readers call a job lost when no heartbeat is newer than this.
+            "heartbeat_timeout_ms": int(self.settings.heartbeat_timeout * 1000),
+        })
+        # Listed after its meta exists: an index entry without one is a job that expired
+        # or was removed, which readers drop from the index (see retention.py).
+        yield _command("zadd", protocol.JOBS_INDEX, {self.job_id: now_ms}, nx=True)
 
-    def _drop_round_store(self, rnd: int) -> None:
+    def _drop_round_store(self, rnd: int) -> Generator[Any, Any, None]:
         """Delete round ``rnd``'s store namespace (``r<round>``: the agents' exit barrier,
         torch's own store): only that round's members used it, and they have moved on to a
         newer round or are gone. Without this a job keeps one namespace per round it ran."""
@@ -806,17 +859,9 @@ class RedisRendezvous:
             return
         ns = f"r{rnd}"
         try:
-            self._client.unlink(self.keys.store(ns), self.keys.store_notify(ns))
-        except (redis.RedisError, OSError) as exc:  # left to the job's retention then
+            yield _command("unlink", self.keys.store(ns), self.keys.store_notify(ns))
+        except (RendezvousConnectionError, redis.RedisError) as exc:  # left to retention then
             log.debug("cannot delete the store of round %d: %s", rnd, exc)
-
-    def _wait_notify(self, streams: dict[str, bytes], block_ms: int) -> None:
-        # Any entry means "look again": the join script re-reads the state and returns
-        # fresh ids, so nothing read here needs to be kept.
-        try:
-            self._reader.xread(streams, count=1, block=block_ms)
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            raise RendezvousConnectionError(str(explain_error(exc, self.endpoint.display))) from None
 
     def _timeout_message(self, status: str, count: int, members: list[str]) -> str:
         s = self.settings
@@ -831,7 +876,7 @@ class RedisRendezvous:
     def membership(self) -> Membership:
         """The job's rendezvous now, read atomically, every list in full: O(N), for tools
         and tests. A node's loop reads :meth:`lost_since_last_check`."""
-        raw = self._call(self._membership, [int(self.settings.heartbeat_timeout * 1000)])
+        raw = self._call("membership", [int(self.settings.heartbeat_timeout * 1000)])
         d = json.loads(raw)
         return Membership(
             round=int(d["round"]), status=str(d["status"]), closed=bool(d["closed"]),
@@ -846,10 +891,13 @@ class RedisRendezvous:
         Exactly one caller across the job gets each lost node, so it alone reports it.
         A node that cannot judge now (see ``_may_judge``) calls nobody lost: ``lost`` is empty.
         """
+        return self._drive(self._lost_steps())
+
+    def _lost_steps(self) -> Generator[Any, Any, tuple[Membership, list[str]]]:
         if not self._may_judge():
-            m, _ = self._read_summary(mark_lost=False)
+            m, _ = yield from self._summary_steps(mark_lost=False)
             return replace(m, lost=[]), []
-        return self._read_summary(mark_lost=True)
+        return (yield from self._summary_steps(mark_lost=True))
 
     def _may_judge(self) -> bool:
         """Whether this node may call others lost now: not while its own heartbeats are not
@@ -862,10 +910,10 @@ class RedisRendezvous:
         done = self._renewal_done
         return done is not None and now - done <= gap and now >= self._judge_after
 
-    def _read_summary(self, mark_lost: bool) -> tuple[Membership, list[str]]:
+    def _summary_steps(self, mark_lost: bool) -> Generator[Any, Any, tuple[Membership, list[str]]]:
         s = self.settings
-        raw = self._call(self._summary, [self.node_id, int(s.heartbeat_timeout * 1000),
-                                         int(mark_lost)])
+        raw = yield from _script("summary", [self.node_id, int(s.heartbeat_timeout * 1000),
+                                             int(mark_lost)])
         d = json.loads(raw)
         m = Membership(
             round=int(d["round"]), status=str(d["status"]), closed=bool(d["closed"]),
@@ -881,7 +929,7 @@ class RedisRendezvous:
         Counts late arrivals the completed round has room for, members lost or gone, and,
         when a newer round has opened without this node, everyone in it.
         """
-        return self.waiting_count(self._read_summary(mark_lost=False)[0])
+        return self.waiting_count(self._drive(self._summary_steps(mark_lost=False))[0])
 
     def waiting_count(self, m: Membership, include_lost: bool = True) -> int:
         """``num_nodes_waiting`` for a membership already read. ``include_lost=False`` ignores
@@ -900,7 +948,7 @@ class RedisRendezvous:
 
     def set_closed(self) -> None:
         """Close the job's rendezvous for every node: no new round will start."""
-        self._call(self._close, [])
+        self._call("close", [])
 
     def shutdown(self) -> bool:
         """Leave the rendezvous (the others may re-form without us); stop heartbeats."""
@@ -908,7 +956,7 @@ class RedisRendezvous:
         if self._hb_thread is not None:
             self._hb_thread.join(timeout=5)
         try:
-            self._call(self._leave, [self.node_id, self.settings.min_nodes])
+            self._call("leave", [self.node_id, self.settings.min_nodes])
         except RendezvousConnectionError as exc:
             log.warning("could not leave the rendezvous cleanly: %s", exc)
             return False
@@ -927,9 +975,12 @@ class RedisRendezvous:
     def heartbeat(self) -> None:
         """Beat; if Redis lost the rendezvous while this node runs a round, put it back and
         list the job again (everything a reader needs of the rendezvous)."""
+        self._drive(self._heartbeat_steps())
+
+    def _heartbeat_steps(self) -> Generator[Any, Any, None]:
         sent = time.monotonic()
-        _, restored = self._call(self._heartbeat, [self.node_id, self._desc, self._head,
-                                                   self._assign, self._round_json])
+        _, restored = yield from _script("heartbeat", [self.node_id, self._desc, self._head,
+                                                       self._assign, self._round_json])
         done = time.monotonic()
         if self._renewal_done is not None and done - self._renewal_done > (
                 self.settings.heartbeat_timeout / 2):
@@ -940,7 +991,7 @@ class RedisRendezvous:
             self.restorations += 1
             log.warning("Redis lost the rendezvous of job %s; round %s put back", self.job_id,
                         self._last_round)
-            self._register_job()
+            yield from self._register_job()
 
     def _start_heartbeats(self) -> None:
         with self._lock:
@@ -960,14 +1011,93 @@ class RedisRendezvous:
             except RendezvousOutOfMemoryError:
                 last_error = ""  # pressure.OOM reports the episode, for every writer at once
             except Exception as exc:  # this thread must outlive any refusal
-                # Keep trying, whatever Redis answers: an outage, or a refusal such as OOM
-                # (maxmemory with noeviction) that ends by itself, must not stop the beats and
-                # make the node look lost (and freeze its workers) once it is over.
-                message = str(exc) if isinstance(exc, RendezvousConnectionError) else (
-                    str(explain_error(exc, self.endpoint.display)))
-                if message != last_error:  # once per kind of failure, not every interval
-                    log.warning("heartbeat failed: %s", message)
-                    last_error = message
+                last_error = self._heartbeat_failed(exc, last_error)
+
+    def _heartbeat_failed(self, exc: BaseException, last_error: str) -> str:
+        """Keep trying, whatever Redis answers: an outage, or a refusal such as OOM
+        (maxmemory with noeviction) that ends by itself, must not stop the beats and make
+        the node look lost (and freeze its workers) once it is over. Says so once per kind
+        of failure, not every interval; returns the failure's wording."""
+        message = str(exc) if isinstance(exc, RendezvousConnectionError) else (
+            str(explain_error(exc, self.endpoint.display)))
+        if message != last_error:
+            log.warning("heartbeat failed: %s", message)
+        return message
+
+
+class AsyncRedisRendezvous(RedisRendezvous):
+    """The same rendezvous on an asyncio loop: the same steps and scripts, driven with
+    asyncio clients (``client``; ``reader`` blocking longer than ``_BLOCK_CHUNK_MS``), and
+    heartbeats as a task instead of a thread. The calls a node makes are coroutines here.
+
+    For many nodes in one process (``bench/fleet.py`` packs 2,048 into each), where a thread
+    per node and a hop between threads per call would be the bench measuring itself. An agent
+    keeps :class:`RedisRendezvous`: its heartbeats must not wait for a busy event loop.
+    """
+
+    def __init__(self, endpoint: Endpoint | str | None, job_id: str,
+                 settings: RendezvousSettings | None = None, *, client: Any, reader: Any,
+                 **kwargs: Any) -> None:
+        super().__init__(endpoint, job_id, settings, client=client, reader=reader, **kwargs)
+        self._hb_task: asyncio.Task[None] | None = None
+
+    async def _adrive(self, steps: Generator[Any, Any, T]) -> T:
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            done, call = _advance(steps, reply, error)
+            if done:
+                return call
+            reply, error = None, None
+            try:
+                with self._redis_errors():
+                    reply = await self._dispatch(call)
+            except (RendezvousConnectionError, redis.RedisError) as exc:
+                error = exc
+
+    async def next_rendezvous(  # type: ignore[override]
+            self, progress: Callable[[RendezvousProgress], None] | None = None
+    ) -> RendezvousResult:
+        return await self._adrive(self._rendezvous_steps(progress))
+
+    async def heartbeat(self) -> None:  # type: ignore[override]
+        await self._adrive(self._heartbeat_steps())
+
+    async def lost_since_last_check(self) -> tuple[Membership, list[str]]:  # type: ignore[override]
+        return await self._adrive(self._lost_steps())
+
+    async def shutdown(self) -> bool:  # type: ignore[override]
+        """Leave the rendezvous and stop the heartbeats (the clients are the caller's)."""
+        self.stop_heartbeats()
+        try:
+            await self._adrive(_script("leave", [self.node_id, self.settings.min_nodes]))
+        except RendezvousConnectionError as exc:
+            log.warning("could not leave the rendezvous cleanly: %s", exc)
+            return False
+        return True
+
+    def stop_heartbeats(self) -> None:
+        """No more heartbeats, nothing said: to Redis this node is gone (a host that died)."""
+        self._stop.set()
+        if self._hb_task is not None:
+            self._hb_task.cancel()
+
+    def _start_heartbeats(self) -> None:
+        if self._hb_task is None:
+            self._hb_task = asyncio.get_running_loop().create_task(
+                self._heartbeat_task(), name=f"rdzv-heartbeat-{self.node_id}")
+
+    async def _heartbeat_task(self) -> None:
+        last_error = ""
+        while not self._stop.is_set():
+            await asyncio.sleep(self.settings.keep_alive_interval)  # a beat is due
+            try:
+                await self.heartbeat()
+                last_error = ""
+            except RendezvousOutOfMemoryError:
+                last_error = ""  # pressure.OOM reports the episode
+            except Exception as exc:  # the beats must outlive any refusal
+                last_error = self._heartbeat_failed(exc, last_error)
 
 
 def _decode_result(head: Any, assign: Any) -> RendezvousResult:
