@@ -20,8 +20,8 @@ Safety, by default:
   holding the token would give it away. The one exception is textual-serve's
   ``/download/KEY``, which its page script opens at the root: the key (a uuid4 the console
   makes for one download, gone once it is fetched) is its own secret. The websocket also
-  refuses a foreign ``Origin``, and every answer says ``Referrer-Policy: no-referrer`` (the
-  URL holds the token);
+  refuses a foreign ``Origin``, and the page and its files say ``Referrer-Policy:
+  no-referrer`` (the URL holds the token);
 * **a bounded number of sessions**: each websocket runs a console process, so at most
   ``--max-sessions`` (default :data:`DEFAULT_MAX_SESSIONS`) run at once; one more gets 503 and
   a line on the server's stderr.

@@ -134,6 +134,8 @@ def test_browser_view_token_read_only_ranks_and_live_lines(served, redis_url):
                     payload if isinstance(payload, bytes) else payload.encode())))
             loaded = page.goto(url)
             assert loaded is not None and loaded.status == 200
+            headers = loaded.headers
+            assert headers.get("referrer-policy") == "no-referrer" and "set-cookie" not in headers
             wait_for(re.escape(job))  # the header names the job
             wait_for(r"RANK")  # the rank table...
             first = int(wait_for(r"tick (\d+) rank [01]").group(1))  # ...and the log view
