@@ -33,6 +33,7 @@ from elastic_agent.supervision.health import (
     HealthServer,
     Heartbeat,
     Snapshot,
+    _peer_key,
     beat_forever,
     resolve_port,
 )
@@ -435,3 +436,25 @@ def test_an_unusable_host_is_one_line_and_no_workers(redis_url, job_id, tmp_path
     assert len(errors) == 1 and "cannot serve the health check on nosuch.invalid:0" in errors[0], \
         agent.output
     assert "Traceback" not in agent.output
+
+
+def test_peers_are_addresses_and_ipv6_slash_64s():
+    # A v4 client of a dual-stack socket is its IPv4 address; one IPv6 host or tenant is
+    # routinely given a whole /64, so its addresses count as one peer.
+    assert _peer_key("::ffff:127.0.0.2") == _peer_key("127.0.0.2") == "127.0.0.2"
+    assert _peer_key("2001:db8:1:2::1") == _peer_key("2001:db8:1:2:ffff::9")
+    assert _peer_key("2001:db8:1:2::1") != _peer_key("2001:db8:1:3::1")
+    assert _peer_key("fe80::1%eth0") == _peer_key("fe80::2")
+    assert _peer_key("not an address") == "not an address"
+
+
+def test_broken_metrics_are_a_500_and_liveness_still_answers():
+    heartbeat = Heartbeat()
+    heartbeat.beat(Snapshot(workers=None))  # type: ignore[arg-type] - a snapshot gone wrong
+    server = HealthServer(heartbeat, 0)
+    port = server.start()
+    try:
+        assert get(port, "/metrics")[0] == 500
+        assert get(port, "/healthz")[0] == 200
+    finally:
+        server.stop()
