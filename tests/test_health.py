@@ -458,3 +458,34 @@ def test_broken_metrics_are_a_500_and_liveness_still_answers():
         assert get(port, "/healthz")[0] == 200
     finally:
         server.stop()
+
+
+# A server in a process with few descriptors: its connections' table (MAX_CONNECTIONS) is
+# more than the process may open.
+FEW_FDS = """\
+import resource, sys, time
+from elastic_agent.supervision.health import HealthServer, Heartbeat
+
+server = HealthServer(Heartbeat(), 0, read_timeout=600)
+port = server.start()
+resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48))
+print(port, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_out_of_descriptors_the_server_ends_a_connection_and_answers():
+    proc = subprocess.Popen([sys.executable, "-c", FEW_FDS], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    held: list[socket.socket] = []
+    try:
+        port = int(proc.stdout.readline())
+        held = [half(port, "127.0.0.2", b"") for _ in range(MAX_PER_PEER)]
+        held += [half(port, "127.0.0.3", b"") for _ in range(MAX_PER_PEER)]
+        assert get(port, "/healthz", timeout=5)[0] == 200
+        assert any(map(closed, held))  # one went to make room
+    finally:
+        for s in held:
+            s.close()
+        proc.kill()
+        proc.wait(10)
