@@ -56,7 +56,7 @@ __all__ = ["DEFAULT_MAX_SESSIONS", "READ_ONLY_WHY", "make_web_app", "serve"]
 
 #: What a command key says in the browser when ``--allow-commands`` was not given.
 READ_ONLY_WHY = "read-only: started without --allow-commands"
-#: Browser sessions (each a console process, ~100 MB) that may run at once.
+#: Browser sessions (each a console process, 25 MiB and up) that may run at once.
 DEFAULT_MAX_SESSIONS = 8
 #: textual-serve's page opens a download at ``/download/<the uuid4 hex textual makes>``.
 _DOWNLOAD = re.compile(r"/download/[0-9a-f]{32}")
