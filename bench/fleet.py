@@ -150,10 +150,14 @@ class SimNode:
                          local_ranks=list(range(self.nproc)),
                          pids=[10_000 + r for r in self.ranks], host="fleet")
 
-    async def run(self) -> None:
+    async def run(self, formed: Callable[[], Any]) -> None:
+        """``formed()`` after the first round; it returns when every node of this process
+        has formed: what a node does next would otherwise take this process's CPU from the
+        nodes still forming (agents each have a host of their own)."""
         await self.publisher.start()
         await self.rendezvous()
         self.report("formed", self.index, time.time(), time.process_time())
+        await formed()
         self.start_workers()
         sampler = FakeSampler(self.writer, self.job, self.node_id, self.ranks)
         self.tasks = [asyncio.create_task(sampler.run()),
@@ -246,6 +250,20 @@ def raise_fd_limit() -> int:
 
 # -- one process of nodes ------------------------------------------------------------------
 
+class _Barrier:
+    """Every node of this process formed (see SimNode.run)."""
+
+    def __init__(self, count: int) -> None:
+        self.left = count
+        self.event = asyncio.Event()
+
+    async def formed(self) -> None:
+        self.left -= 1
+        if self.left <= 0:
+            self.event.set()
+        await self.event.wait()
+
+
 def _fleet_process(conn: Any, url: str, job: str, first: int, count: int, nproc: int,
                    settings: RendezvousSettings) -> None:
     raise_fd_limit()
@@ -266,6 +284,7 @@ async def _fleet_main(conn: Any, url: str, job: str, first: int, count: int, npr
              for i in range(count)]
     for i in range(0, count, 256):
         await asyncio.gather(*(n.connect() for n in nodes[i:i + 256]))
+    barrier = _Barrier(count)
     conn.send(("ready", count))
     runs: list[asyncio.Task[None]] = []
     while True:
@@ -274,7 +293,7 @@ async def _fleet_main(conn: Any, url: str, job: str, first: int, count: int, npr
         if kind == "go":
             await asyncio.sleep(max(0.0, msg[1] - time.time()))
             report("released", first, time.time(), time.process_time())
-            runs = [asyncio.create_task(n.run()) for n in nodes]
+            runs = [asyncio.create_task(n.run(barrier.formed)) for n in nodes]
         elif kind == "kill":
             victim = nodes[msg[1] - first]
             victim.kill()
@@ -451,6 +470,14 @@ def run_fleet(n: int, args: argparse.Namespace) -> dict[str, Any]:
                            timeout=args.form_timeout, step=0.1)
             times = [x[2] for x in fleet.reports if x[0] == "formed"]
             out["form_s"] = (max(times) - release) if formed else None
+            # Where the time went, by Redis's clock: the first and last joins, the completion.
+            joins = r.xrange(keys.rdzv_joins, count=n + 10)
+            done = [i for i, f in r.xrange(keys.rdzv_notify) if f.get(b"e") == b"complete"]
+            if joins:
+                out["first_join_s"] = protocol.stream_id_ms(joins[0][0].decode()) / 1000 - release
+                out["last_join_s"] = protocol.stream_id_ms(joins[-1][0].decode()) / 1000 - release
+            if done:
+                out["complete_s"] = protocol.stream_id_ms(done[0].decode()) / 1000 - release
             # The fleet's own CPU to form (each process, from its release to its last node):
             # what this machine's cores spent being the nodes rather than serving them.
             cpu = {}
@@ -465,7 +492,9 @@ def run_fleet(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 out["form_note"] = f"{len(times)} of {n} nodes formed within {args.form_timeout:g} s"
                 return out
             # 2. steady state
-            _say(f"N={n}: formed in {out['form_s']:.3f} s (a fleet process spent "
+            _say(f"N={n}: formed in {out['form_s']:.3f} s (joins from "
+                 f"{_fmt(out.get('first_join_s'))} to {_fmt(out.get('last_join_s'))} s, complete "
+                 f"at {_fmt(out.get('complete_s'))} s; a fleet process spent "
                  f"{out['fleet_form_cpu_s']:.2f} s of CPU); steady state")
             time.sleep(args.warmup)
             r.config_resetstat()

@@ -715,6 +715,11 @@ class RedisRendezvous:
             return self._scripts[call[1]](keys=self._keys, args=call[2])
         if kind == "read":
             return self._reader.xread(call[1], count=1, block=call[2])
+        if kind == "pipeline":
+            pipe = self._client.pipeline(transaction=False)
+            for _, method, args, kwargs in call[1]:
+                getattr(pipe, method)(*args, **kwargs)
+            return pipe.execute()
         return getattr(self._client, call[1])(*call[2], **call[3])
 
     def _call(self, name: str, args: list[Any]) -> Any:
@@ -841,15 +846,15 @@ class RedisRendezvous:
         """List the job in the job index so consoles can find it (first registration wins)."""
         secs, micros = yield _command("time")
         now_ms = secs * 1000 + micros // 1000
-        yield _command("hsetnx", self.keys.meta, "created_ms", now_ms)
-        yield _command("hset", self.keys.meta, mapping={
-            "min_nodes": self.settings.min_nodes, "max_nodes": self.settings.max_nodes,
-            # Readers call a job lost when no heartbeat is newer than this.
-            "heartbeat_timeout_ms": int(self.settings.heartbeat_timeout * 1000),
-        })
-        # Listed after its meta exists: an index entry without one is a job that expired
-        # or was removed, which readers drop from the index (see retention.py).
-        yield _command("zadd", protocol.JOBS_INDEX, {self.job_id: now_ms}, nx=True)
+        # One round trip, in this order: listed after its meta exists (an index entry
+        # without one is a job that expired or was removed, which readers drop; retention.py).
+        yield ("pipeline", [
+            _command("hsetnx", self.keys.meta, "created_ms", now_ms),
+            _command("hset", self.keys.meta, mapping={
+                "min_nodes": self.settings.min_nodes, "max_nodes": self.settings.max_nodes,
+                # Readers call a job lost when no heartbeat is newer than this.
+                "heartbeat_timeout_ms": int(self.settings.heartbeat_timeout * 1000)}),
+            _command("zadd", protocol.JOBS_INDEX, {self.job_id: now_ms}, nx=True)])
 
     def _drop_round_store(self, rnd: int) -> Generator[Any, Any, None]:
         """Delete round ``rnd``'s store namespace (``r<round>``: the agents' exit barrier,
