@@ -788,7 +788,9 @@ def decode_command(entry_id: str | bytes, fields: Mapping[Any, Any]) -> Command 
     if command_type == CommandType.SIGNAL:
         if not is_rank(args.get("rank")):
             return "signal needs args.rank, a non-negative integer"
-        if args.get("signal", "SIGTERM") not in CommandType.SIGNALS:
+        sig = args.get("signal", "SIGTERM")
+        # type first: a list or an object is unhashable, and ``in`` a frozenset would raise
+        if type(sig) is not str or sig not in CommandType.SIGNALS:
             return f"signal must be one of {', '.join(sorted(CommandType.SIGNALS))}"
     if command_type == CommandType.STACKS and args.get("rank") is not None \
             and not is_rank(args.get("rank")):

@@ -60,7 +60,7 @@ from ..coordination.rendezvous import (
 )
 from ..coordination.store import RedisStore, StoreTimeoutError, barrier
 from ..coordination.text import terminal_line
-from .commands import CommandReader, Rejected
+from .commands import CommandReader, Rejected, stacks_limit, stacks_refused
 from .config import AgentConfig
 from .events import EventSink, ResourceSampler
 from .fence import Fence
@@ -187,6 +187,7 @@ class ElasticAgent:
         self.stacks = StackCollector(self.group, self._client, config.job_id, self.node_id,
                                      self.host)
         self._stack_tasks: set[asyncio.Task[None]] = set()
+        self._stacks_limit = stacks_limit()
         self._evidence: dict[str, Any] | None = None
         self.sampler = ResourceSampler(self._client, config.job_id, self.node_id)
         self.records = JobRecords(self._client, config.job_id, self.node_logs.stream_key)
@@ -868,7 +869,8 @@ class ElasticAgent:
         """Acts on the job's commands for the agent's whole life: the loop is restarted, and
         says so, should anything escape it."""
         reader = CommandReader(self._reader, self.cfg.job_id)
-        await keep_running("command reader", lambda: self._command_loop(reader), self.say)
+        await keep_running("command reader", lambda: self._command_loop(reader), self.say,
+                           progress=lambda: reader.handled)
 
     async def _command_loop(self, reader: CommandReader) -> None:
         async for cmd in reader:
@@ -882,6 +884,9 @@ class ElasticAgent:
 
     async def _handle_command(self, cmd: Command) -> None:
         if cmd.type == CommandType.STACKS:
+            if wait := self._stacks_limit.take():
+                self._ack(cmd.id, "rejected", stacks_refused(wait))
+                return
             # Read-only and up to 2 s: answered beside the command loop, which stays free
             # for a stop that comes meanwhile.
             task = asyncio.create_task(self._answer_stacks(cmd), name="stacks")

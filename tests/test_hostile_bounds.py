@@ -1,0 +1,254 @@
+"""Issue 24, findings 3, 4, 6 and 7: what one writer of a job's keys can make a reader or an
+agent spend. A malformed command is acked, never a reader restart; stacks requests are
+limited on both sides and never sent by a read-only console; the console's fold keeps a
+bounded number of ranks and nodes whatever the events say; every stream read is paged."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from elastic_agent.coordination.protocol import (
+    Command,
+    CommandType,
+    EventType,
+    JobKeys,
+    decode_command,
+    encode_command,
+    is_rank,
+)
+from elastic_agent.supervision import loops
+from elastic_agent.supervision.commands import STACKS_BURST, RateLimit
+from tests.agents import Agent
+from tests.test_agent import of_type
+from tests.waiting import wait_until, wait_until_async
+
+# -- finding 6: a malformed signal command --------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [[], {}, ["SIGTERM"], 9, None, True],
+                         ids=["list", "object", "list-of-name", "number", "null", "bool"])
+def test_a_signal_that_is_not_a_name_is_refused_not_raised(sig):
+    got = decode_command("1-0", {"v": "1", "id": "c-1", "type": "signal",
+                                 "args": json.dumps({"rank": 0, "signal": sig})})
+    assert isinstance(got, str) and "signal must be one of" in got
+
+
+def _valid_commands() -> st.SearchStrategy[dict[str, str]]:
+    rank = st.integers(0, 1 << 20)
+    args = st.one_of(
+        st.tuples(st.just(CommandType.STOP), st.just({})),
+        st.tuples(st.just(CommandType.RESTART), st.just({})),
+        st.tuples(st.just(CommandType.SIGNAL), st.fixed_dictionaries(
+            {"rank": rank, "signal": st.sampled_from(sorted(CommandType.SIGNALS))})),
+        st.tuples(st.just(CommandType.STACKS), st.just({}) | st.fixed_dictionaries({"rank": rank})),
+    )
+    return args.map(lambda ta: encode_command(Command(f"c-{ta[0]}-1", ta[0], "me@host",
+                                                      args=ta[1])))
+
+
+json_junk = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                max_size=3),
+    max_leaves=8)
+
+
+@st.composite
+def mutated_commands(draw: st.DrawFn) -> tuple[dict[str, str], str]:
+    """A valid command, then one mutation: an args value replaced by any JSON value, an args
+    key added, a field replaced by junk, or the command left valid (the control)."""
+    fields = dict(draw(_valid_commands()))
+    how = draw(st.sampled_from(["args-value", "args-key", "field", "none"]))
+    args = json.loads(fields["args"])
+    if how == "args-value" and args:
+        args[draw(st.sampled_from(sorted(args)))] = draw(json_junk)
+    elif how == "args-key":
+        args[draw(st.sampled_from(["rank", "signal", "x"]))] = draw(json_junk)
+    elif how == "field":
+        name = draw(st.sampled_from(["v", "id", "type", "issuer", "target", "args"]))
+        fields[name] = draw(st.text(max_size=20) | json_junk.map(json.dumps))
+    if how != "field":
+        fields["args"] = json.dumps(args)
+    return fields, how
+
+
+def test_the_command_decoder_is_total_on_mutated_valid_commands():
+    """Fuzz: valid records, then mutated. Counts prove the interesting branches are reached."""
+    seen: Counter[str] = Counter()
+
+    @settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(mutated_commands())
+    def check(case: tuple[dict[str, str], str]) -> None:
+        fields, how = case
+        for f in (fields, {k.encode(): v.encode() for k, v in fields.items()}):
+            got = decode_command("1-0", f)  # raising here is the bug this test looks for
+            assert isinstance(got, (str, Command))
+        if isinstance(got, str):
+            seen["refused " + how] += 1
+            return
+        seen["decoded " + got.type] += 1
+        if got.type == CommandType.SIGNAL:
+            assert is_rank(got.args["rank"])
+            assert type(got.args.get("signal", "SIGTERM")) is str
+            assert got.args.get("signal", "SIGTERM") in CommandType.SIGNALS
+        if got.type == CommandType.STACKS and got.args.get("rank") is not None:
+            assert is_rank(got.args["rank"])
+
+    check()
+    # Every kind of command decodes, and each kind of mutation is refused, often enough.
+    for kind in CommandType.ALL:
+        assert seen["decoded " + kind] >= 20, seen
+    for how in ("args-value", "args-key", "field"):
+        assert seen["refused " + how] >= 20, seen
+
+
+# -- finding 6: the reader's back-off ------------------------------------------------------------
+
+
+def test_keep_running_backs_off_only_while_nothing_gets_done(monkeypatch):
+    """Failures without progress double the wait; one good pass starts it again from the
+    first delay (before: 5 s after each later failure, for the agent's whole life)."""
+    waits: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(loops.asyncio, "sleep", sleep)
+    done = [0]
+    # Four failures with nothing done, then good passes, each followed by a failure.
+    plan = iter([False, False, False, False, True, True, True])
+
+    async def loop() -> None:
+        step = next(plan, None)
+        if step is None:
+            return
+        if step:
+            done[0] += 1
+        raise TypeError("unhashable type: 'list'")
+
+    asyncio.run(asyncio.wait_for(loops.keep_running(
+        "command reader", loop, lambda _: None, first_delay=0.1, max_delay=0.8,
+        progress=lambda: done[0]), 10))
+    assert waits == [0.1, 0.2, 0.4, 0.8, 0.1, 0.1, 0.1]
+
+
+def test_the_rate_limit_allows_a_burst_then_one_per_interval():
+    now = [0.0]
+    limit = RateLimit(3, 5.0, clock=lambda: now[0])
+    assert [limit.take() for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert limit.take() == pytest.approx(5.0)
+    now[0] = 4.0
+    assert limit.take() == pytest.approx(1.0)
+    now[0] = 5.0
+    assert limit.take() == 0.0 and limit.take() > 0
+    now[0] = 1000.0  # idle for long: the burst again, never more
+    assert [limit.take() == 0.0 for _ in range(4)] == [True, True, True, False]
+
+
+# -- a live agent --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Agent]]:
+    """One running job of 2 sleeper workers."""
+    from tests.test_console_app import sleeper_job, stop_agent
+    job_id = f"bounds-{uuid.uuid4().hex[:8]}"
+    agent = sleeper_job(redis_url, job_id, tmp_path_factory.mktemp("bounds"))
+    yield job_id, agent
+    stop_agent(agent)
+
+
+def _acks(r: redis.Redis, job: str) -> dict[str, dict[str, Any]]:
+    return {e.data["command_id"]: e.data for e in of_type(r, job, EventType.COMMAND_ACK)}
+
+
+def test_bad_signal_commands_are_acked_and_do_not_restart_the_reader(live, r):
+    job_id, agent = live
+    keys = JobKeys(job_id)
+    for i in range(6):
+        r.xadd(keys.commands, {"v": "1", "id": f"bad-{i}", "type": "signal",
+                               "args": json.dumps({"rank": 0, "signal": [] if i % 2 else {}})})
+    r.xadd(keys.commands, encode_command(Command("good-1", CommandType.SIGNAL, "t@h",
+                                                 args={"rank": 7, "signal": "SIGTERM"})))
+    wait_until(lambda: "good-1" in _acks(r, job_id), 30, "the good command's ack")
+    acks = _acks(r, job_id)
+    for i in range(6):
+        assert acks[f"bad-{i}"]["status"] == "rejected", acks.get(f"bad-{i}")
+        assert "signal must be one of" in acks[f"bad-{i}"]["reason"]
+    assert "not in the job (world size 2)" in acks["good-1"]["reason"]
+    assert "command reader failed" not in agent.output
+
+
+def test_an_agent_answers_a_burst_of_stacks_requests_then_refuses(live, r):
+    job_id, _ = live
+    keys = JobKeys(job_id)
+    ids = [f"flood-{uuid.uuid4().hex[:6]}-{i}" for i in range(12)]
+    for cid in ids:
+        r.xadd(keys.commands, encode_command(Command(cid, CommandType.STACKS, "t@h")))
+    wait_until(lambda: set(ids) <= _acks(r, job_id).keys(), 30, "every stacks request's ack")
+    acks = _acks(r, job_id)
+    done = [c for c in ids if acks[c]["status"] == "done"]
+    refused = [c for c in ids if acks[c]["status"] == "rejected"]
+    assert 1 <= len(done) <= STACKS_BURST and len(done) + len(refused) == len(ids), acks
+    assert all("too many stacks requests" in acks[c]["reason"] for c in refused)
+    published = {f[b"request"].decode() for _, f in r.xrange(keys.stacks)}
+    assert not published & set(refused)  # nothing signalled or published for them
+
+
+def test_a_read_only_console_sends_no_stacks_request(live, redis_url, r):
+    from elastic_console.widgets.stacks import StacksScreen
+    from tests.test_console_app import commands_sent, console, loaded, run
+    job_id, _ = live
+    before = commands_sent(r, job_id)
+    app = console(redis_url, job_id, read_only=True)
+
+    async def body(pilot: Any, app: Any) -> None:
+        await loaded(app, ranks=2)
+        await pilot.press("d")
+        await pilot.pause()
+        assert not isinstance(app.screen, StacksScreen)
+        message, severity = app.notes[-1]
+        assert message.startswith("read-only (--read-only)") and severity == "warning"
+
+    run(app, body)
+    assert commands_sent(r, job_id) == before
+
+
+def test_a_console_asks_at_most_once_per_interval(live, redis_url, r, monkeypatch):
+    from elastic_console import stack_view
+    from elastic_console.widgets.stacks import StacksScreen
+    from tests.test_console_app import commands_sent, console, loaded, on_screen, run
+    job_id, _ = live
+    monkeypatch.setattr(stack_view, "ASK_INTERVAL_S", 600.0)  # the test's own pace cannot race it
+    before = commands_sent(r, job_id)
+    app = console(redis_url, job_id)
+    requests: list[str] = []
+
+    async def body(pilot: Any, app: Any) -> None:
+        await loaded(app, ranks=2)
+        for _ in range(2):
+            await pilot.press("d")
+            await on_screen(app, StacksScreen)
+            screen = app.screen
+            await wait_until_async(lambda s=screen: s.result is not None or s.error, 30,
+                                   "the stacks")
+            assert screen.result is not None, screen.error
+            requests.append(screen.result.request)
+            await pilot.press("escape")
+            await on_screen(app, StacksScreen, shown=False)
+
+    run(app, body)
+    assert requests[0] == requests[1]  # the second press showed the first answer again
+    assert commands_sent(r, job_id) == before + 1
