@@ -252,3 +252,84 @@ def test_a_console_asks_at_most_once_per_interval(live, redis_url, r, monkeypatc
     run(app, body)
     assert requests[0] == requests[1]  # the second press showed the first answer again
     assert commands_sent(r, job_id) == before + 1
+
+
+# -- finding 7: the agent reads the event stream a page at a time ---------------------------------
+
+
+def _peak_rss_kib(pid: int) -> int:
+    """VmHWM: the process's peak resident set so far (kernel-kept, no sampling to miss)."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
+def _id(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+FORGED_EVENTS = 300
+FORGED_BYTES = 900 * 1024
+
+
+def test_big_forged_events_leave_the_agents_memory_bounded_and_its_root_cause_right(
+        redis_url, r, job_id, tmp_path):
+    from elastic_agent.coordination.protocol import encode_event
+    from tests.agents import SCRIPTS
+    from tests.test_agent import FAST, agent_args, worker_pids
+    keys = JobKeys(job_id)
+    agent = Agent(agent_args(redis_url, job_id, "--nproc-per-node", "2", "--max-restarts", "1",
+                             FAST, str(SCRIPTS / "sleeper.py"), "--fail-rank", "1",
+                             "--fail-after", "10"), tmp_path, "a")
+    try:
+        wait_until(lambda: len(worker_pids(r, job_id)) == 2, 60, "workers")
+        rnd = of_type(r, job_id, EventType.WORKERS_STARTED)[0].data["round"]
+        before = _peak_rss_kib(agent.pid)
+        # Failures of this round, by a node that is not in it, each ~900 KiB: all earlier than
+        # the real failure, so the agent reads past every one of them to find it.
+        big = "x" * FORGED_BYTES
+        pipe = r.pipeline(transaction=False)
+        for i in range(FORGED_EVENTS):
+            pipe.xadd(keys.events, encode_event(EventType.WORKER_EXITED, "intruder-1-2", {
+                "rank": 0, "exit_code": 9, "round": rnd, "message": big}, i + 1))
+        forged_ids = pipe.execute()
+        wait_until(lambda: of_type(r, job_id, EventType.GROUP_FAILED), 60, "the failure")
+        (failed,) = of_type(r, job_id, EventType.GROUP_FAILED)
+        assert failed.data["root_cause"]["rank"] == 1, failed.data["root_cause"]
+        assert failed.data["root_cause"]["node"] != "intruder-1-2"
+        real_exit = next(e for e in of_type(r, job_id, EventType.WORKER_EXITED)
+                         if e.node != "intruder-1-2" and e.data.get("exit_code") == 3)
+        assert _id(forged_ids[-1].decode()) < _id(real_exit.id), \
+            "the forged events must come before the real failure for this test to mean anything"
+        grown_mib = (_peak_rss_kib(agent.pid) - before) / 1024
+        print(f"agent peak RSS {before / 1024:.0f} MiB -> +{grown_mib:.0f} MiB after "
+              f"{FORGED_EVENTS} forged events of {FORGED_BYTES // 1024} KiB")
+        # Before paging: +275 MiB (every forged event held at once). A page is at most
+        # 32 entries (~29 MiB here); the ceiling leaves room for the decoder's copies.
+        assert grown_mib < 100, f"the agent's peak RSS grew {grown_mib:.0f} MiB"
+    finally:
+        agent.kill()
+        agent.wait(30)
+
+
+def test_pages_read_every_entry_once_in_order(r, job_id):
+    from elastic_agent.supervision import pages
+    key = JobKeys(job_id).events
+    ids = [r.xadd(key, {"i": str(i)}).decode() for i in range(100)]
+
+    async def read() -> tuple[list[str], list[str], list[str]]:
+        import redis.asyncio as aioredis
+        client = aioredis.Redis(connection_pool=aioredis.ConnectionPool(
+            **r.connection_pool.connection_kwargs))
+        try:
+            every = [e[0].decode() async for e in pages.forward(client, key, "-", page=7)]
+            some = [e[0].decode() async for e in pages.forward(client, key, ids[50], page=7,
+                                                                limit=10)]
+            newest = [e[0].decode() async for e in pages.backward(client, key, page=7,
+                                                                   limit=15)]
+            return every, some, newest
+        finally:
+            await client.aclose()
+
+    every, some, newest = asyncio.run(read())
+    assert every == ids and some == ids[50:60] and newest == ids[::-1][:15]

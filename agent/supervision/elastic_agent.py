@@ -60,6 +60,7 @@ from ..coordination.rendezvous import (
 )
 from ..coordination.store import RedisStore, StoreTimeoutError, barrier
 from ..coordination.text import terminal_line
+from . import pages
 from .commands import CommandReader, Rejected, stacks_limit, stacks_refused
 from .config import AgentConfig
 from .events import EventSink, ResourceSampler
@@ -528,7 +529,8 @@ class ElasticAgent:
                     if m.waiting:
                         why.append("waiting: " + ", ".join(m.waiting))
                     return Outcome.REFORM, "membership changed (" + "; ".join(why) + ")"
-                reply = await self._reader.xread(streams, block=int(interval * 1000))
+                reply = await self._reader.xread(streams, count=pages.PAGE,
+                                                 block=int(interval * 1000))
                 for key, entries in reply or []:
                     streams[key.decode()] = entries[-1][0].decode()
             except Exception as exc:
@@ -656,15 +658,13 @@ class ElasticAgent:
         fallback = _failure_dict(local, self.node_id, self.host) if local else {}
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.publisher.flush(), timeout=3.0)
-        try:
-            entries = await self._client.xrange(
-                self.keys.events, min=f"{self._round.started_ms}-0", max="+")
-        except (redis.RedisError, OSError):
-            return fallback
+        # A page at a time (pages.py), never the whole round at once: anyone who can write
+        # the event stream can make each entry a megabyte. The earliest failure ends the read.
+        entries = pages.forward(self._client, self.keys.events, f"{self._round.started_ms}-0")
         # Only a member of this round can be its root cause: anyone who can write the event
         # stream could otherwise name a failure of their own choosing.
         members = {n["node"] for n in self._round.result.info.nodes}
-        for entry_id, fields in entries:
+        async for entry_id, fields in pages.until_unreachable(entries):
             ev = protocol.decode_event(entry_id, fields)
             if ev is None or ev.type != EventType.WORKER_EXITED or ev.node not in members:
                 continue
@@ -776,7 +776,7 @@ class ElasticAgent:
         while True:
             raise_if_cancelled()
             try:
-                reply = await self._reader.xread({self.keys.events: last}, count=1000,
+                reply = await self._reader.xread({self.keys.events: last}, count=pages.PAGE,
                                                  block=1000)
             except (redis.RedisError, OSError) as exc:
                 log.debug("exit barrier event watch: %s", exc)
@@ -825,7 +825,8 @@ class ElasticAgent:
 
     async def _last_root_cause(self) -> dict[str, Any] | None:
         with contextlib.suppress(redis.RedisError, OSError):
-            for entry_id, fields in await self._client.xrevrange(self.keys.events, count=500):
+            async for entry_id, fields in pages.backward(self._client, self.keys.events,
+                                                         limit=500):
                 ev = protocol.decode_event(entry_id, fields)
                 if ev is None or ev.type not in (EventType.JOB_FAILED, EventType.GROUP_FAILED):
                     continue
