@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -333,3 +336,120 @@ def test_pages_read_every_entry_once_in_order(r, job_id):
 
     every, some, newest = asyncio.run(read())
     assert every == ids and some == ids[50:60] and newest == ids[::-1][:15]
+
+
+# -- finding 3: the console's fold keeps a bounded number of ranks --------------------------------
+
+RANKS_PER_EVENT = 140_000  # under 1 MiB of JSON each, as in the issue's report
+
+
+def _forge_job(r: redis.Redis, job: str, *, world: int | None) -> None:
+    """A running job whose event stream holds three forged ``workers_started`` events of 140k
+    ranks each (different ranks in each), after a real-looking round of ``world`` ranks."""
+    from elastic_agent.coordination.protocol import encode_event
+    keys = JobKeys(job)
+    r.zadd("elastic:jobs", {job: 1})
+    r.hset(keys.meta, mapping={"min_nodes": 1, "max_nodes": 1, "max_restarts": 0,
+                               "created_ms": 1})
+    seq = 0
+    if world is not None:
+        seq += 1
+        r.xadd(keys.events, encode_event(EventType.RENDEZVOUS_COMPLETE, "n-1-a", {
+            "round": 1, "world_size": world,
+            "nodes": [{"node": "n-1-a", "host": "h", "group_rank": 0, "nproc": world}]}, seq))
+    for k in range(3):
+        ranks = list(range(k * RANKS_PER_EVENT, (k + 1) * RANKS_PER_EVENT))
+        fields = encode_event(EventType.WORKERS_STARTED, "evil-1-a",
+                              {"ranks": ranks, "restart_count": 0}, seq + k + 1)
+        assert len(fields["data"]) < 1024 * 1024 and "truncated" not in fields["data"]
+        r.xadd(keys.events, fields)
+
+
+def _run_measured(*args: str, redis_url: str) -> tuple[subprocess.CompletedProcess[str], int]:
+    """The CLI in a child that reports its own peak RSS (KiB) on its last stderr line."""
+    code = ("import atexit, resource, sys\n"
+            "atexit.register(lambda: print('maxrss', resource.getrusage(resource.RUSAGE_SELF)"
+            ".ru_maxrss, file=sys.stderr, flush=True))\n"
+            "from elastic_console.cli import main\n"
+            f"sys.exit(main({list(args)!r}))\n")
+    env = {**os.environ, "ELASTIC_REDIS_URL": redis_url}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, env=env)
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("maxrss "), p.stderr[-2000:]
+    return p, int(last.split()[1])
+
+
+@pytest.mark.parametrize("world", [4, None], ids=["world-known", "world-unknown"])
+def test_forged_rank_lists_leave_status_and_ls_bounded(redis_url, r, job_id, world):
+    from elastic_agent.coordination.connection import parse_endpoint
+    from elastic_console.client import JobClient
+    from elastic_console.state import MAX_VIEW_RANKS
+    _forge_job(r, job_id, world=world)
+    bound = world if world is not None else MAX_VIEW_RANKS
+
+    async def fold() -> int:  # the same fold status runs: count the rank entries it keeps
+        from elastic_console.cli import _load_view
+        client = JobClient(parse_endpoint(redis_url), job_id)
+        try:
+            return len((await _load_view(client, resources=True)).ranks)
+        finally:
+            await client.close()
+
+    assert asyncio.run(fold()) == bound
+    status, status_kib = _run_measured("status", job_id, "--json", redis_url=redis_url)
+    assert status.returncode == 0, status.stderr[-2000:]
+    shown = json.loads(status.stdout)
+    assert len(shown["ranks"]) == bound
+    assert all(0 <= x["rank"] < bound for x in shown["ranks"])
+    ls, ls_kib = _run_measured("ls", "--json", redis_url=redis_url)
+    assert ls.returncode == 0, ls.stderr[-2000:]
+    assert any(j["job"] == job_id for j in json.loads(ls.stdout))
+    print(f"world {world}: status peak RSS {status_kib // 1024} MiB, ls {ls_kib // 1024} MiB")
+    # Before: 899 MB for status. The ceiling is a bound (32,768 rank entries cost ~55 MiB),
+    # not a speed or size goal.
+    assert status_kib < 400 * 1024 and ls_kib < 400 * 1024
+
+
+def _ev(t: str, data: dict[str, Any], seq: int, node: str = "evil-1-a") -> Any:
+    from elastic_agent.coordination.protocol import Event
+    return Event(t, node, data, f"{1000 + seq}-0", seq=seq)
+
+
+def test_every_list_and_text_of_an_event_is_bounded_in_the_fold():
+    """The other records that could make the view grow: nodes, log rings, resource samples,
+    acks, timeline text, and the fingerprints of events without a sequence number."""
+    from elastic_agent.coordination.protocol import LogBatch
+    from elastic_console.state import (
+        MAX_DETAIL_CHARS,
+        MAX_NOTE_CHARS,
+        MAX_VIEW_NODES,
+        MAX_VIEW_RANKS,
+        JobView,
+    )
+    view = JobView("j")
+    nodes = [{"node": f"n{i}", "host": "h" * 5000, "group_rank": i} for i in range(20_000)]
+    view.apply_event(_ev(EventType.RENDEZVOUS_COMPLETE, {"round": 1, "world_size": 1 << 40,
+                                                         "nodes": nodes}, 1))
+    assert len(view.nodes) == MAX_VIEW_NODES and view.world_size is None
+    assert max(len(n.host) for n in view.nodes.values()) <= 256
+    for rank in range(MAX_VIEW_RANKS + 500):
+        view.apply_logs(LogBatch("n0", rank, 0, 0, "out", 1, ["x"], f"{rank + 1}-0"))
+    view.apply_resources({str(r): {"cpu": 1.0} for r in range(MAX_VIEW_RANKS, MAX_VIEW_RANKS + 50)})
+    assert len(view.logs) == MAX_VIEW_RANKS and len(view.ranks) == MAX_VIEW_RANKS
+    for i in range(MAX_VIEW_NODES + 100):
+        view.apply_event(_ev(EventType.COMMAND_ACK, {"command_id": "c", "status": "done",
+                                                     "reason": "r" * 100_000}, 10 + i, f"n-{i}"))
+    assert len(view.acks_for("c")) == MAX_VIEW_NODES
+    assert max(len(a[2]) for a in view.acks_for("c")) < MAX_NOTE_CHARS + 100
+    view.apply_event(_ev(EventType.WORKER_EXITED, {
+        "rank": 0, "exit_code": 1, "message": "m" * 500_000,
+        "error_file": {"message": {"extraInfo": {"py_callstack": "t" * 900_000 + "\nValueError"}}}},
+        20_000))
+    entry = view.timeline[-1]
+    assert len(entry.text) < MAX_NOTE_CHARS + 200 and len(entry.detail) < MAX_DETAIL_CHARS + 200
+    assert entry.detail.endswith("ValueError")  # a traceback keeps its last line
+    # Events without seq are remembered by a digest, not by their (up to 1 MiB) data.
+    for i in range(600):
+        view.apply_event(_ev(EventType.NODE_LEFT, {"reason": "z" * 100_000, "i": i}, 0))
+    assert max(len(k[2]) for k in view._recent_events) <= 64
