@@ -453,3 +453,35 @@ def test_every_list_and_text_of_an_event_is_bounded_in_the_fold():
     for i in range(600):
         view.apply_event(_ev(EventType.NODE_LEFT, {"reason": "z" * 100_000, "i": i}, 0))
     assert max(len(k[2]) for k in view._recent_events) <= 64
+
+
+def test_a_console_reads_big_forged_events_a_page_at_a_time_within_a_budget(redis_url, r,
+                                                                            job_id):
+    """History: the newest events are kept until their data passes the budget; the rest are
+    left out and counted, and the follow cursor is still the newest entry."""
+    from elastic_agent.coordination.connection import parse_endpoint
+    from elastic_agent.coordination.protocol import encode_event
+    from elastic_console import client as client_module
+    from elastic_console.client import JobClient
+    keys = JobKeys(job_id)
+    r.hset(keys.meta, "created_ms", 1)
+    big = "x" * (900 * 1024)
+    pipe = r.pipeline(transaction=False)
+    for i in range(80):
+        pipe.xadd(keys.events, encode_event(EventType.NODE_LEFT, "evil-1-a",
+                                            {"reason": big, "i": i}, i + 1))
+    ids = [x.decode() for x in pipe.execute()]
+
+    async def read() -> tuple[list[Any], int, str]:
+        c = JobClient(parse_endpoint(redis_url), job_id)
+        try:
+            events, _ = await c.history(max_events=10_000, max_log_entries_per_stream=0)
+            return events, c.skipped, c._last_ids[keys.events]
+        finally:
+            await c.close()
+
+    events, skipped, cursor = asyncio.run(read())
+    per_budget = client_module.HISTORY_EVENT_BYTES // len(big)
+    assert per_budget <= len(events) <= per_budget + client_module.EVENTS_PAGE
+    assert [e.data["i"] for e in events] == list(range(80 - len(events), 80))  # the newest
+    assert skipped >= 1 and cursor == ids[-1]
