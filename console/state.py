@@ -54,7 +54,11 @@ hand-written entry) when the same node wrote the same type with the same data am
 few hundred events (events carry pids, timestamps or counters, so a genuine repeat is never
 identical; ``logs_dropped`` is exempt).
 
-Memory is bounded: ``scrollback`` lines per rank (default 2,000), ``all_scrollback`` lines in the
+Memory is bounded whatever the records say: at most ``MAX_VIEW_RANKS`` ranks (entries and log
+rings; only ranks within the world once a round gave it) and ``MAX_VIEW_NODES`` nodes, every
+list of an event taken through :func:`~elastic_agent.coordination.protocol.record_list`, names,
+timeline text and detail cut (``MAX_NOTE_CHARS``, ``MAX_DETAIL_CHARS``); within those,
+``scrollback`` lines per rank (default 2,000), ``all_scrollback`` lines in the
 interleaved all-ranks view (default 50,000; the same line objects as the ranks' newest), a
 bounded timeline, bounded resource history. For 1,024 ranks that is at most ~2M lines held:
 the ranks' rings pack all but their newest lines
