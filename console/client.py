@@ -107,9 +107,10 @@ ACTIVE_NODES_EVENTS = 5_000  # events folded to find the nodes expected to ack
 #: a page is at most ~32 MiB of decodable data (10,000 events: ~300 round trips, ~60 ms here).
 EVENTS_PAGE = 32
 HISTORY_EVENT_BYTES = 32 * 1024 * 1024
-#: list_jobs: unfinished jobs whose events one round trip reads, and the data bytes of the
+#: list_jobs: unfinished jobs whose events one round trip reads (a reply: at most 128 entries,
+#: ~128 MiB of decodable data if a writer made each one 1 MiB), and the data bytes of the
 #: newest events it keeps per job (64 honest events are ~20 KB).
-LIST_JOBS_PER_READ = 4
+LIST_JOBS_PER_READ = 2
 LIST_EVENT_BYTES = 256 * 1024
 BACKOFF_START, BACKOFF_MAX = 0.05, 1.0
 

@@ -314,6 +314,7 @@ def test_big_forged_events_leave_the_agents_memory_bounded_and_its_root_cause_ri
     finally:
         agent.kill()
         agent.wait(30)
+        r.delete(keys.events)  # 270 MB: not for the other tests' readers of this server
 
 
 def test_pages_read_every_entry_once_in_order(r, job_id):
@@ -367,10 +368,14 @@ def _forge_job(r: redis.Redis, job: str, *, world: int | None) -> None:
 
 
 def _run_measured(*args: str, redis_url: str) -> tuple[subprocess.CompletedProcess[str], int]:
-    """The CLI in a child that reports its own peak RSS (KiB) on its last stderr line."""
-    code = ("import atexit, resource, sys\n"
-            "atexit.register(lambda: print('maxrss', resource.getrusage(resource.RUSAGE_SELF)"
-            ".ru_maxrss, file=sys.stderr, flush=True))\n"
+    """The CLI in a child that reports its own peak RSS (KiB) on its last stderr line: VmHWM,
+    which starts afresh at exec (ru_maxrss would keep the forking test process's peak)."""
+    code = ("import atexit, sys\n"
+            "def peak():\n"
+            "    with open('/proc/self/status') as f:\n"
+            "        kib = next(l.split()[1] for l in f if l.startswith('VmHWM:'))\n"
+            "    print('maxrss', kib, file=sys.stderr, flush=True)\n"
+            "atexit.register(peak)\n"
             "from elastic_console.cli import main\n"
             f"sys.exit(main({list(args)!r}))\n")
     env = {**os.environ, "ELASTIC_REDIS_URL": redis_url}
@@ -481,7 +486,10 @@ def test_a_console_reads_big_forged_events_a_page_at_a_time_within_a_budget(redi
         finally:
             await c.close()
 
-    events, skipped, cursor = asyncio.run(read())
+    try:
+        events, skipped, cursor = asyncio.run(read())
+    finally:
+        r.delete(keys.events)  # 72 MB: not for the other tests' readers of this server
     per_budget = client_module.HISTORY_EVENT_BYTES // len(big)
     assert per_budget <= len(events) <= per_budget + client_module.EVENTS_PAGE
     assert [e.data["i"] for e in events] == list(range(80 - len(events), 80))  # the newest
