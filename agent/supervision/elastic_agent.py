@@ -60,7 +60,8 @@ from ..coordination.rendezvous import (
 )
 from ..coordination.store import RedisStore, StoreTimeoutError, barrier
 from ..coordination.text import terminal_line
-from .commands import CommandReader, Rejected
+from . import pages
+from .commands import CommandReader, Rejected, stacks_limit, stacks_refused
 from .config import AgentConfig
 from .events import EventSink, ResourceSampler
 from .fence import Fence
@@ -187,6 +188,7 @@ class ElasticAgent:
         self.stacks = StackCollector(self.group, self._client, config.job_id, self.node_id,
                                      self.host)
         self._stack_tasks: set[asyncio.Task[None]] = set()
+        self._stacks_limit = stacks_limit()
         self._evidence: dict[str, Any] | None = None
         self.sampler = ResourceSampler(self._client, config.job_id, self.node_id)
         self.records = JobRecords(self._client, config.job_id, self.node_logs.stream_key)
@@ -525,7 +527,8 @@ class ElasticAgent:
                     if m.waiting:
                         why.append("waiting: " + ", ".join(m.waiting))
                     return Outcome.REFORM, "membership changed (" + "; ".join(why) + ")"
-                reply = await self._reader.xread(streams, block=int(interval * 1000))
+                reply = await self._reader.xread(streams, count=pages.PAGE,
+                                                 block=int(interval * 1000))
                 for key, entries in reply or []:
                     streams[key.decode()] = entries[-1][0].decode()
             except Exception as exc:
@@ -653,14 +656,12 @@ class ElasticAgent:
         fallback = _failure_dict(local, self.node_id, self.host) if local else {}
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.publisher.flush(), timeout=3.0)
-        try:
-            entries = await self._client.xrange(
-                self.keys.events, min=f"{self._round.started_ms}-0", max="+")
-        except (redis.RedisError, OSError):
-            return fallback
+        # A page at a time (pages.py), never the whole round at once: anyone who can write
+        # the event stream can make each entry a megabyte. The earliest failure ends the read.
+        entries = pages.forward(self._client, self.keys.events, f"{self._round.started_ms}-0")
         # Only a member of this round can be its root cause: anyone who can write the event
         # stream could otherwise name a failure of their own choosing.
-        for entry_id, fields in entries:
+        async for entry_id, fields in pages.until_unreachable(entries):
             ev = protocol.decode_event(entry_id, fields)
             if (ev is None or ev.type != EventType.WORKER_EXITED
                     or not await self._member(ev.node, self._round.result.round)):
@@ -772,7 +773,7 @@ class ElasticAgent:
         while True:
             raise_if_cancelled()
             try:
-                reply = await self._reader.xread({self.keys.events: last}, count=1000,
+                reply = await self._reader.xread({self.keys.events: last}, count=pages.PAGE,
                                                  block=1000)
             except (redis.RedisError, OSError) as exc:
                 log.debug("exit barrier event watch: %s", exc)
@@ -822,7 +823,8 @@ class ElasticAgent:
 
     async def _last_root_cause(self) -> dict[str, Any] | None:
         with contextlib.suppress(redis.RedisError, OSError):
-            for entry_id, fields in await self._client.xrevrange(self.keys.events, count=500):
+            async for entry_id, fields in pages.backward(self._client, self.keys.events,
+                                                         limit=500):
                 ev = protocol.decode_event(entry_id, fields)
                 if ev is None or ev.type not in (EventType.JOB_FAILED, EventType.GROUP_FAILED):
                     continue
@@ -879,7 +881,8 @@ class ElasticAgent:
         """Acts on the job's commands for the agent's whole life: the loop is restarted, and
         says so, should anything escape it."""
         reader = CommandReader(self._reader, self.cfg.job_id)
-        await keep_running("command reader", lambda: self._command_loop(reader), self.say)
+        await keep_running("command reader", lambda: self._command_loop(reader), self.say,
+                           progress=lambda: reader.handled)
 
     async def _command_loop(self, reader: CommandReader) -> None:
         async for cmd in reader:
@@ -893,6 +896,9 @@ class ElasticAgent:
 
     async def _handle_command(self, cmd: Command) -> None:
         if cmd.type == CommandType.STACKS:
+            if wait := self._stacks_limit.take():
+                self._ack(cmd.id, "rejected", stacks_refused(wait))
+                return
             # Read-only and up to 2 s: answered beside the command loop, which stays free
             # for a stop that comes meanwhile.
             task = asyncio.create_task(self._answer_stacks(cmd), name="stacks")
