@@ -360,6 +360,8 @@ async def _ls(ep: Endpoint, args: argparse.Namespace) -> int:
         jobs = await client.list_jobs()
     finally:
         await client.close()
+    if client.index_note:
+        print(terminal_line(f"{PROG}: note: {client.index_note}", False), file=sys.stderr)
     if args.json:
         _out(json.dumps([j.to_json() for j in jobs]))
         return EXIT_OK

@@ -100,6 +100,13 @@ LIST_EVENTS_PER_JOB = 64
 #: An index entry without records is a job that expired or was removed (agents list a job
 #: after writing its meta), unless it is younger than this (an older agent listed it first).
 INDEX_GRACE_MS = 1_000
+#: Index entries one list looks at, the newest first. Every job's agent user may add entries
+#: to the index (docs/SECURITY.md), so it may be flooded: this bounds a list's memory and
+#: time (one EXISTS per entry, ~20 ms for 20,000), and ``index_note`` says when it was hit.
+INDEX_READ_MAX = 20_000
+#: Entries dated later than the server's clock by more than this are forged (an agent lists
+#: its job at the server's TIME): never read, counted in ``index_note``.
+INDEX_FUTURE_SLACK_MS = 60_000
 ACTIVE_NODES_EVENTS = 5_000  # events folded to find the nodes expected to ack
 #: Events read ``EVENTS_PAGE`` at a time, newest first, and kept until their data passes
 #: ``HISTORY_EVENT_BYTES`` (honest events are a few hundred bytes: 10,000 are ~3 MB). Anyone
@@ -177,6 +184,8 @@ class JobClient:
                  retries: int = 2) -> None:
         self.endpoint = endpoint if isinstance(endpoint, Endpoint) else parse_endpoint(endpoint)
         self.job_id = validate_job_id(job_id) if job_id is not None else None
+        #: Set by ``list_jobs``: one line when the job index held more than it read.
+        self.index_note: str | None = None
         self._job_keys = JobKeys(job_id) if job_id is not None else None
         # Named: a --standalone agent keeps its Redis up while a console of its job is there.
         name = console_client_name(job_id) if job_id is not None else None
@@ -254,15 +263,11 @@ class JobClient:
     async def list_jobs(self) -> list[JobSummary]:
         """Every job of the job index, newest first, summarised from its meta, its restart
         counter, its last completed round and, for a job that has not ended, a fold of its
-        last few hundred events. Entries of jobs whose records are gone are dropped."""
+        last few hundred events. Entries of jobs whose records are gone are dropped; at most
+        ``INDEX_READ_MAX`` entries are read (``index_note`` says when there were more)."""
         with self._errors():
-            raw = await self._client.zrevrange(JOBS_INDEX, 0, -1, withscores=True)
-            jobs: list[tuple[str, JobKeys, float]] = []
-            for member, score in raw:
-                job = _s(member)
-                with contextlib.suppress(InvalidJobIdError):
-                    jobs.append((job, JobKeys(job), float(score)))
             now_ms = await self._server_ms()
+            jobs, gone = await self._index_entries(now_ms)
             pipe = self._client.pipeline(transaction=False)
             for _, k, _ in jobs:
                 pipe.hgetall(k.meta)
@@ -295,15 +300,16 @@ class JobClient:
                                     else _newest_decoded(raw_events, LIST_EVENT_BYTES))
                 del fetched
         out = []
-        expired = []
+        expired = gone
         for i, (job, _, score) in enumerate(jobs):
             mine = [*replies[5 * i: 5 * i + 5], events_of.get(i)]
             meta, restarts, round_raw, beat, ttl, events = (
                 None if isinstance(r, Exception) else r for r in mine)
             if (not any(mine[:4]) and i not in streamed and i in events_of
-                    and not any(isinstance(r, Exception) for r in mine)
-                    and now_ms - score > INDEX_GRACE_MS):
-                expired.append(job)  # its records expired (or were removed): not a job now
+                    and not any(isinstance(r, Exception) for r in mine)):
+                # Its records expired (or were removed) since they were checked: not a job now.
+                if now_ms - score > INDEX_GRACE_MS:
+                    expired.append(job)
                 continue
             view = JobView(job, scrollback=1)
             view.apply_meta(meta or {})
@@ -333,6 +339,44 @@ class JobClient:
             with contextlib.suppress(redis.RedisError):
                 await self._sweep_lost(JobKeys(job))
         return out
+
+    async def _index_entries(self, now_ms: int) -> tuple[list[tuple[str, JobKeys, float]],
+                                                         list[Any]]:
+        """The job index's entries whose job has records (a meta or events), newest first,
+        and the members to tidy away (no records, older than the grace; not a job id). At
+        most ``INDEX_READ_MAX`` entries dated up to the server's clock are looked at, one
+        EXISTS each: the index is writable by every job's agent (docs/SECURITY.md), whose
+        entries are only believed for jobs that exist. Sets ``index_note`` when entries were
+        left unread (a flooded index)."""
+        raw = await self._client.zrevrangebyscore(
+            JOBS_INDEX, now_ms + INDEX_FUTURE_SLACK_MS, "-inf", start=0, num=INDEX_READ_MAX,
+            withscores=True)
+        entries: list[tuple[Any, str, JobKeys, float]] = []
+        gone: list[Any] = []
+        for member, score in raw:
+            job = _s(member)
+            try:
+                entries.append((member, job, JobKeys(job), float(score)))
+            except InvalidJobIdError:
+                gone.append(member)  # not a job id at all: nothing to keep it for
+        pipe = self._client.pipeline(transaction=False)
+        for _, _, k, _ in entries:
+            pipe.exists(k.meta, k.events)
+        found = await pipe.execute(raise_on_error=False) if entries else []
+        _raise_outage(found)
+        jobs = []
+        for (member, job, k, score), n in zip(entries, found):
+            if isinstance(n, Exception) or n:  # unreadable: shown as what it is, not hidden
+                jobs.append((job, k, score))
+            elif now_ms - score > INDEX_GRACE_MS:
+                gone.append(member)
+        total = await self._client.zcard(JOBS_INDEX)
+        unread = int(total) - len(raw)
+        self.index_note = None if unread <= 0 else (
+            f"the job index holds {int(total)} entries: {unread} were not read (the newest "
+            f"{INDEX_READ_MAX} dated up to now are); any job's agent user may add entries, "
+            f"see docs/SECURITY.md to find and prune them")
+        return jobs, gone
 
     async def _sweep_lost(self, keys: JobKeys) -> None:
         """A lost job's keys made after its agents' last lease renewal (a new round's store,

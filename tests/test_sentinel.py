@@ -287,8 +287,9 @@ def console(*args: str) -> subprocess.CompletedProcess[str]:
     ("redis+sentinel://ops:a/b#c@d: e@10.0.0.1:26379,10.0.0.2/svc-1?db=3",
      "redis+sentinel://ops:a%2Fb%23c%40d:%20e@10.0.0.1:26379,10.0.0.2:26379/svc-1?db=3",
      "redis+sentinel://ops:***@10.0.0.1:26379,10.0.0.2:26379/svc-1?db=3"),
-    ("rediss+sentinel://:pw-1@h/svc?ssl_ca_certs=/ca.pem&sentinel_password=x@y&z",
-     "rediss+sentinel://:pw-1@h:26379/svc?ssl_ca_certs=/ca.pem&sentinel_password=x@y&z",
+    # An "@" in a query password: kept percent-encoded, so the display masks exactly it.
+    ("rediss+sentinel://:pw-1@h/svc?ssl_ca_certs=/ca.pem&sentinel_password=x@y%26z",
+     "rediss+sentinel://:pw-1@h:26379/svc?ssl_ca_certs=/ca.pem&sentinel_password=x%40y%26z",
      "rediss+sentinel://:***@h:26379/svc?ssl_ca_certs=/ca.pem&sentinel_password=***"),
 ])
 def test_sentinel_urls_parse_and_never_show_a_password(typed: str, url: str, shown: str):
@@ -306,6 +307,8 @@ def test_sentinel_urls_parse_and_never_show_a_password(typed: str, url: str, sho
     ("redis+sentinel://h1,,h2/svc", "expected"),
     ("redis+sentinel://h1/svc?db=two", "db"),
     ("redis+sentinel://h1/svc#frag", "expected"),
+    # A raw "&" ends a query password early: what follows it is no option.
+    ("rediss+sentinel://:pw-1@h/svc?sentinel_password=x@y&z", "written %26"),
 ])
 def test_bad_sentinel_urls_say_why(typed: str, why: str):
     with pytest.raises(EndpointError, match=why):
