@@ -1,4 +1,6 @@
-"""Waiting on conditions with deadlines: the tests' only use of sleep."""
+"""Waiting on conditions with deadlines. Every other sleep in the tests says, in a comment on
+its line, why it is not a wait on a condition (the behaviour under test, a worker's own code,
+a random moment to strike at, or a stretch of time in which nothing may happen)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
+
+import redis
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
@@ -29,3 +33,9 @@ async def wait_until_async(predicate: Callable[[], Any], timeout: float = 10.0,
             return result
         await asyncio.sleep(0.005)
     raise AssertionError(f"{what} not reached within {timeout:g} s")
+
+
+def blocked_in(r: redis.Redis, command: str) -> bool:
+    """Whether the server holds a client blocked (flag ``b``) in ``command`` (lower case, e.g.
+    ``xread``): a blocking read is under way, not merely about to be sent."""
+    return any(c.get("cmd") == command and "b" in c.get("flags", "") for c in r.client_list())
