@@ -35,7 +35,8 @@ async def wait_until_async(predicate: Callable[[], Any], timeout: float = 10.0,
     raise AssertionError(f"{what} not reached within {timeout:g} s")
 
 
-def blocked_in(r: redis.Redis, command: str) -> bool:
-    """Whether the server holds a client blocked (flag ``b``) in ``command`` (lower case, e.g.
-    ``xread``): a blocking read is under way, not merely about to be sent."""
-    return any(c.get("cmd") == command and "b" in c.get("flags", "") for c in r.client_list())
+def blocked_in(r: redis.Redis, command: str, name: str | None = None) -> bool:
+    """Whether the server holds a client (named ``name``, if given) blocked (flag ``b``) in
+    ``command`` (lower case, e.g. ``xread``): a blocking read is under way, not about to be."""
+    return any(c.get("cmd") == command and "b" in c.get("flags", "")
+               and (name is None or c.get("name") == name) for c in r.client_list())
