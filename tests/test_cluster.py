@@ -360,7 +360,7 @@ def test_follow_through_a_cluster_ends_when_cancelled_at_random_moments(cluster,
         try:
             for i in range(30):
                 task = asyncio.ensure_future(consume())
-                await asyncio.sleep(rng.random() * 0.06)
+                await asyncio.sleep(rng.random() * 0.06)  # a random moment to cancel at
                 task.cancel()
                 done, _ = await asyncio.wait({task}, timeout=BLOCK_MS / 1000 + 5)
                 assert done, f"cancellation {i} was lost: follow ran on"
