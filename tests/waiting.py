@@ -1,6 +1,8 @@
-"""Waiting on conditions with deadlines. Every other sleep in the tests says, in a comment on
-its line, why it is not a wait on a condition (the behaviour under test, a worker's own code,
-a random moment to strike at, or a stretch of time in which nothing may happen)."""
+"""Waiting on conditions with deadlines. Every other sleep a test makes says, in a comment on
+or just above its line, why it is not a wait on a condition: the pace of a writer or a bar
+under test, a random moment to strike at, a stretch of time in which nothing may happen, a
+tight poll whose timing is the figure. (Sleeps in the code of the workers and child processes
+that tests start, the strings they run, are those programs' behaviour, not the test's.)"""
 
 from __future__ import annotations
 
