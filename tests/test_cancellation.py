@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from elastic_agent.coordination.connection import make_async_client, raise_if_cancelled
+from elastic_agent.coordination.protocol import console_client_name
 from elastic_agent.supervision.commands import CommandReader
 from elastic_console.client import BLOCK_MS, JobClient
 from tests.waiting import blocked_in, wait_until_async
@@ -45,8 +46,9 @@ class Swallowing:
 
 
 async def cancel_when_inside(task: asyncio.Task[Any], command: Swallowing,
-                             r: redis.Redis) -> None:
-    await wait_until_async(lambda: blocked_in(r, "xread"), 10, "a blocked XREAD")
+                             r: redis.Redis, name: str) -> None:
+    """Cancel ``task`` once its client (connection ``name``) is blocked in an XREAD."""
+    await wait_until_async(lambda: blocked_in(r, "xread", name), 10, "a blocked XREAD")
     task.cancel()
     done, _ = await asyncio.wait({task}, timeout=ENDS_WITHIN_S)
     if not done:  # end it for good before failing, or asyncio.run would wait for it forever
@@ -93,7 +95,8 @@ def test_follow_ends_when_its_cancellation_is_swallowed(redis_url: str, r: redis
                 pass
 
         try:
-            await cancel_when_inside(asyncio.ensure_future(consume()), command, r)
+            await cancel_when_inside(asyncio.ensure_future(consume()), command, r,
+                                     console_client_name(job_id))
         finally:
             await client.close()
 
@@ -103,7 +106,7 @@ def test_follow_ends_when_its_cancellation_is_swallowed(redis_url: str, r: redis
 def test_the_agents_command_reader_ends_when_its_cancellation_is_swallowed(
         redis_url: str, r: redis.Redis, job_id: str) -> None:
     async def body() -> None:
-        client = make_async_client(redis_url, blocking_ms=5000)
+        client = make_async_client(redis_url, blocking_ms=5000, client_name=f"reader-{job_id}")
         command = client.xread = Swallowing(client.xread)  # type: ignore[method-assign]
 
         async def consume() -> None:
@@ -111,7 +114,8 @@ def test_the_agents_command_reader_ends_when_its_cancellation_is_swallowed(
                 pass
 
         try:
-            await cancel_when_inside(asyncio.ensure_future(consume()), command, r)
+            await cancel_when_inside(asyncio.ensure_future(consume()), command, r,
+                                     f"reader-{job_id}")
         finally:
             await client.aclose()
 

@@ -21,7 +21,7 @@ from elastic_agent.coordination.ports import free_port
 from elastic_agent.coordination.protocol import JobKeys
 from elastic_agent.coordination.store import RedisStore
 from elastic_agent.coordination.torch_compat import TorchRedisStore
-from tests.waiting import blocked_in, wait_until
+from tests.waiting import blocked_in, client_ids, wait_until
 
 
 @pytest.fixture
@@ -84,10 +84,11 @@ def test_wait_through_prefix_store_is_woken_by_another_thread(
         except BaseException as exc:
             errors.append(exc)
 
+    earlier = client_ids(r)
     t = threading.Thread(target=waiter, daemon=True)
     t.start()
     # The key is set only once the waiter is blocked in its XREAD, not before it looked.
-    wait_until(lambda: blocked_in(r, "xread"), 10, "the waiter to block")
+    wait_until(lambda: blocked_in(r, "xread", not_in=earlier), 10, "the waiter to block")
     assert t.is_alive()
     with RedisStore(redis_url, job_id, "torch") as other:
         other.set("w/key", b"1")

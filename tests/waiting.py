@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import redis
@@ -37,8 +37,16 @@ async def wait_until_async(predicate: Callable[[], Any], timeout: float = 10.0,
     raise AssertionError(f"{what} not reached within {timeout:g} s")
 
 
-def blocked_in(r: redis.Redis, command: str, name: str | None = None) -> bool:
-    """Whether the server holds a client (named ``name``, if given) blocked (flag ``b``) in
-    ``command`` (lower case, e.g. ``xread``): a blocking read is under way, not about to be."""
+def client_ids(r: redis.Redis) -> set[str]:
+    """The ids of the server's connections now (to tell a new one apart later)."""
+    return {c["id"] for c in r.client_list()}
+
+
+def blocked_in(r: redis.Redis, command: str, name: str | None = None,
+               not_in: Collection[str] = ()) -> bool:
+    """Whether the server holds a client (named ``name``, if given; not one of ``not_in``)
+    blocked (flag ``b``) in ``command`` (lower case, e.g. ``xread``): a blocking read is under
+    way, not about to be."""
     return any(c.get("cmd") == command and "b" in c.get("flags", "")
-               and (name is None or c.get("name") == name) for c in r.client_list())
+               and (name is None or c.get("name") == name) and c["id"] not in not_in
+               for c in r.client_list())
