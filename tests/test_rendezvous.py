@@ -341,8 +341,16 @@ def test_heartbeats_outlive_a_refusal_such_as_oom(private_redis, job_id: str) ->
         handle.next_rendezvous()
         wait_until(lambda: handle.renewed_at is not None, 5, "a first heartbeat")
         admin.config_set("maxmemory-policy", "noeviction")
+
+        def refused() -> int:  # this private server's count of writes refused with OOM
+            return admin.info("errorstats").get("errorstat_OOM", {}).get("count", 0)
+
+        before = refused()
         admin.config_set("maxmemory", "1")
-        time.sleep(0.5)  # several beats refused with OOM
+        wait_until(lambda: refused() > before, 5, "a heartbeat refused with OOM")
+        stalled = handle.renewed_at
+        wait_until(lambda: refused() >= before + 3, 5, "several heartbeats refused")
+        assert handle.renewed_at == stalled, "a refused beat counted as a renewal"
         refused_since = time.monotonic()
         admin.config_set("maxmemory", "0")
         wait_until(lambda: (handle.renewed_at or 0) > refused_since, 5,

@@ -52,7 +52,7 @@ timer.configure(timer.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
 
 def wait_for(name):
     while not (d / name).exists():
-        time.sleep(0.01)
+        time.sleep(0.01)  # a worker polls the test's file (tests.waiting is not importable here)
 
 if rank == 0:
     (d / "fifo.tmp").write_text(os.environ["TORCHELASTIC_TIMER_FILE"])
@@ -60,7 +60,7 @@ if rank == 0:
     t0 = time.time()
     # A generous timer (a loaded host must not make the 0.1 s step overrun it), released in time.
     with timer.expires(after=3, scope="quick-step"):
-        time.sleep(0.1)
+        time.sleep(0.1)  # the step the timer covers
     wait_for("go")
     time.sleep(max(0.0, t0 + 3.3 - time.time()))  # past quick-step's deadline: no kill
     print("rank 0 finished in time", flush=True)
@@ -72,7 +72,7 @@ else:
     # on a loaded host would otherwise meet the stop's SIGTERM).
     select.select([os.pidfd_open(int((d / "r0-done").read_text()))], [], [])
     with timer.expires(after=1, scope="slow-step"):
-        time.sleep(60)
+        time.sleep(60)  # the overrun under test: the watchdog ends it
     print("rank 1 was not stopped", flush=True)
 """
 
@@ -255,13 +255,16 @@ def test_signals_descendants_no_signal_and_ended_processes(tmp_path: Path):
         with open(fifo, "wb", buffering=0) as f:
             f.write(request(child, "child-step", now + 0.3, sig=signal.SIGTERM))
             f.write(request(w11.pid, "report-only", now + 0.3, sig=0))
-            f.write(request(w12.pid, "ends-first", now + 0.6))
+            f.write(request(w12.pid, "ends-first", now + 2))
             f.write(request(w12.pid, "moved", now + 0.3))
             f.write(request(w12.pid, "moved", now + 30))  # acquiring again moves the deadline
-        await asyncio.sleep(0.1)
+        # w12 ends while the watchdog holds its timers: all five requests were read.
+        await wait_until_async(lambda: wd.stats.acquired == 5, 10, "the five timers held")
         w12.kill()
         await wait_until_async(lambda: len(seen) >= 2, 10, "two expiries")
-        await asyncio.sleep(0.8)  # past ends-first's deadline: its process is gone
+        # Not a wait: the stretch up to past ends-first's deadline, in which no report of it
+        # may come (its process is gone).
+        await asyncio.sleep(max(0.0, now + 2.3 - time.time()))
         wd.close()
 
     try:
