@@ -6,6 +6,7 @@ Counted from the outside: the agent process's established TCP connections to the
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import threading
@@ -13,11 +14,16 @@ from collections import defaultdict
 from urllib.parse import urlsplit
 
 import psutil
+import pytest
 import redis
 
+from elastic_agent.coordination.connection import make_async_client, priority
 from elastic_agent.coordination.protocol import Command, EventType, JobKeys, encode_command
+from elastic_agent.coordination.stream_mux import StreamMux
+from elastic_agent.supervision.redis_bridge import SyncBridge
 from tests.agents import SCRIPTS, Agent, wait_until
 from tests.test_agent import FAST, agent_args, of_type, worker_pids
+from tests.waiting import wait_until_async
 
 MAX_CONNECTIONS = 2
 
@@ -125,3 +131,177 @@ def test_an_agent_holds_two_connections_through_rendezvous_run_stacks_and_restar
 
 def _host() -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())
+
+
+# -- the pieces: one connection per client, the multiplexer, the bridge ----------------------
+
+def _client_names(r: redis.Redis, name: str) -> int:
+    return sum(1 for c in r.client_list() if c["name"] == name)
+
+
+@pytest.mark.asyncio
+async def test_a_one_connection_client_runs_concurrent_commands_on_one_connection(
+        redis_url, r, job_id):
+    name = f"one-{job_id}"
+    client = make_async_client(redis_url, one_connection=True, client_name=name)
+    key = f"elastic:{{{job_id}}}:order"
+    try:
+        # A blocking command holds the connection while the others queue behind it.
+        held = asyncio.ensure_future(client.execute_command("BLPOP", f"{key}:none", 0.3))
+        await asyncio.sleep(0)  # the BLPOP takes the connection first
+
+        async def push(tag: str) -> None:
+            await client.rpush(key, tag)
+
+        async def urgent() -> None:
+            with priority():
+                await client.rpush(key, "urgent")
+
+        tasks = [asyncio.ensure_future(push(f"bulk-{i}")) for i in range(5)]
+        tasks.append(asyncio.ensure_future(urgent()))
+        pipes = []
+        for i in range(3):
+            pipe = client.pipeline(transaction=False)
+            pipe.rpush(key, f"pipe-{i}")
+            pipes.append(asyncio.ensure_future(pipe.execute()))
+        await asyncio.gather(held, *tasks, *pipes)
+        assert _client_names(r, name) == 1
+        order = [v.decode() for v in r.lrange(key, 0, -1)]
+        # Queued after five writes, the prioritised one went first; the rest in order.
+        assert order == ["urgent", *(f"bulk-{i}" for i in range(5)),
+                         *(f"pipe-{i}" for i in range(3))]
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_waiter_does_not_keep_the_connection(redis_url, job_id):
+    client = make_async_client(redis_url, one_connection=True)
+    try:
+        held = asyncio.ensure_future(client.execute_command("BLPOP", f"{job_id}:none", 0.2))
+        await asyncio.sleep(0)
+        waiter = asyncio.ensure_future(client.ping())
+        await asyncio.sleep(0.05)
+        waiter.cancel()
+        await held
+        assert await asyncio.wait_for(client.ping(), 5)
+    finally:
+        await client.aclose()
+
+
+class Mux:
+    """A StreamMux on its own two clients, for one test."""
+
+    def __init__(self, redis_url: str, job_id: str, block_ms: int) -> None:
+        self.writer = make_async_client(redis_url, one_connection=True)
+        self.mux = StreamMux(make_async_client(redis_url, blocking_ms=block_ms, retries=0),
+                             self.writer, JobKeys(job_id).wake("node"), block_ms=block_ms)
+
+    async def __aenter__(self) -> StreamMux:
+        self.mux.start()
+        return self.mux
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.mux.aclose()
+        await self.mux.client.aclose()
+        await self.writer.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_reader_that_joins_a_blocked_read_is_served_without_waiting_for_its_block(
+        redis_url, r, job_id):
+    keys = JobKeys(job_id)
+    first, second = keys.prefix + "s1", keys.prefix + "s2"
+    async with Mux(redis_url, job_id, block_ms=60_000) as mux:
+        a, b = mux.reader(), mux.reader()
+        waiting = asyncio.ensure_future(a.xread({first: "0-0"}, block=30_000))
+        await wait_until_async(lambda: first in mux.followed, 5, "the first stream followed")
+        await asyncio.sleep(0.1)  # the XREAD over it is blocked now
+        late = asyncio.ensure_future(b.xread({second: "0-0"}, block=30_000))
+        await wait_until_async(lambda: second in mux.followed, 5, "the second stream followed")
+        r.xadd(second, {"n": "1"})
+        # Well under the 60 s BLOCK: the reader woke the read in flight.
+        reply = await asyncio.wait_for(late, 5)
+        assert [(k, [f for _, f in entries]) for k, entries in reply] == [
+            (second.encode(), [{b"n": b"1"}])]
+        assert not waiting.done()
+        r.xadd(first, {"n": "2"})
+        assert (await asyncio.wait_for(waiting, 5))[0][1][0][1] == {b"n": b"2"}
+        assert r.ttl(keys.wake("node")) > 0  # the wake stream expires by itself
+
+
+@pytest.mark.asyncio
+async def test_a_muxed_read_answers_as_redis_does(redis_url, r, job_id):
+    keys = JobKeys(job_id)
+    s1, s2 = keys.prefix + "a", keys.prefix + "b"
+    ids1 = [r.xadd(s1, {"i": str(i)}) for i in range(7)]
+    ids2 = [r.xadd(s2, {"i": str(i)}) for i in range(3)]
+    plain = redis.Redis.from_url(redis_url, protocol=2)
+    async with Mux(redis_url, job_id, block_ms=1_000) as mux:
+        reader = mux.reader()
+        for after1, after2, count in (("0-0", "0-0", None), (ids1[2], ids2[0], 2),
+                                      (ids1[4], ids2[2], None), (ids1[0], "0-0", 3),
+                                      ("$", ids2[1], None)):
+            streams = {s1: after1, s2: after2}
+            want = plain.xread({k: v for k, v in streams.items() if v != "$"}, count=count)
+            got = await reader.xread(streams, count=count, block=100)
+            assert got == want, (streams, count)
+        # "$" waits for what comes next; nothing comes: an empty reply after the block.
+        assert await reader.xread({s1: "$"}, block=200) == []
+        # Several readers at their own ids on the same stream.
+        other = mux.reader()
+        assert (await other.xread({s1: ids1[5]}, block=100))[0][1] == plain.xread(
+            {s1: ids1[5]})[0][1]
+        with pytest.raises(redis.ResponseError):
+            await reader.xread({s1: "not-an-id"}, block=100)
+    plain.close()
+
+
+@pytest.mark.asyncio
+async def test_a_key_that_is_no_stream_fails_only_its_readers(redis_url, r, job_id):
+    keys = JobKeys(job_id)
+    bad, good = keys.prefix + "bad", keys.prefix + "good"
+    r.set(bad, "not a stream")
+    async with Mux(redis_url, job_id, block_ms=500) as mux:
+        victim, bystander = mux.reader(), mux.reader()
+        reading = asyncio.ensure_future(bystander.xread({good: "0-0"}, block=20_000))
+        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+            await victim.xread({bad: "0-0"}, block=20_000)
+        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):  # and again, not stuck
+            await victim.xread({bad: "0-0"}, block=20_000)
+        r.xadd(good, {"ok": "1"})
+        assert (await asyncio.wait_for(reading, 5))[0][1][0][1] == {b"ok": b"1"}
+        r.delete(bad)
+        eid = r.xadd(bad, {"back": "1"})  # repaired: read again
+        reply = await asyncio.wait_for(victim.xread({bad: "0-0"}, block=5_000), 5)
+        assert reply == [[bad.encode(), [(eid, {b"back": b"1"})]]]
+
+
+def test_the_sync_bridge_forwards_scripts_and_pipelines_from_a_thread(redis_url, r, job_id):
+    key = f"elastic:{{{job_id}}}:bridge"
+
+    async def scenario() -> SyncBridge:
+        client = make_async_client(redis_url, one_connection=True)
+        bridge = SyncBridge(client, priority=True)  # built before the loop runs, as the agent's
+        script = bridge.register_script("return redis.call('INCRBY', KEYS[1], ARGV[1])")
+        bridge.attach(asyncio.get_running_loop())
+        try:
+            def in_thread() -> tuple[int, list, bytes]:
+                added = script(keys=[key], args=[5])
+                pipe = bridge.pipeline(transaction=False)
+                pipe.incr(key)
+                pipe.get(key)
+                return added, pipe.execute(), bridge.get(key)
+
+            assert await asyncio.to_thread(in_thread) == (5, [6, b"6"], b"6")
+            with pytest.raises(RuntimeError, match="own event loop"):
+                bridge.get(key)  # from the loop itself it would wait for itself
+            bridge.close()  # the agent's client stays open
+            assert await client.get(key) == b"6"
+        finally:
+            await client.aclose()
+        return script
+
+    script = asyncio.run(scenario())
+    with pytest.raises(redis.ConnectionError):
+        script(keys=[key], args=[1])  # the loop is gone: an outage to the caller
