@@ -20,6 +20,7 @@ import redis
 from elastic_agent.coordination.connection import make_async_client, priority
 from elastic_agent.coordination.protocol import Command, EventType, JobKeys, encode_command
 from elastic_agent.coordination.stream_mux import StreamMux
+from elastic_agent.supervision.publisher import StreamPublisher
 from elastic_agent.supervision.redis_bridge import SyncBridge
 from tests.agents import SCRIPTS, Agent, wait_until
 from tests.test_agent import FAST, agent_args, of_type, worker_pids
@@ -305,3 +306,30 @@ def test_the_sync_bridge_forwards_scripts_and_pipelines_from_a_thread(redis_url,
     script = asyncio.run(scenario())
     with pytest.raises(redis.ConnectionError):
         script(keys=[key], args=[1])  # the loop is gone: an outage to the caller
+
+
+@pytest.mark.asyncio
+async def test_a_heartbeat_waits_for_one_small_batch_not_for_a_backlog(redis_url, r, job_id):
+    """The publisher shares the writer's connection: a prioritised command (the agent's
+    heartbeats, the rendezvous) waits for the pipeline in flight, capped in bytes, and goes
+    ahead of the rest of the backlog."""
+    client = make_async_client(redis_url, one_connection=True)
+    publisher = StreamPublisher(lambda: client, close_client=False)
+    stream, line = JobKeys(job_id).logs("n"), "x" * 16_000
+    for i in range(1_500):  # 24 MB waiting, as after an outage
+        publisher.publish(stream, {"i": str(i), "l": line}, maxlen=10_000)
+    try:
+        await publisher.start()
+        await wait_until_async(lambda: publisher.sent > 0, 30, "the backlog flowing")
+        sent = publisher.sent
+        with priority():
+            await client.set(f"{stream}:beat", 1)
+        sent_while_waiting = publisher.sent - sent
+        await asyncio.wait_for(publisher.flush(), 60)
+        # 256 KiB batches of 16 kB records: the beat waited for the one in flight at most.
+        assert sent_while_waiting <= 2 * 17, sent_while_waiting
+        assert publisher.sent == 1_500
+    finally:
+        await publisher.close()
+        await client.aclose()
+        r.delete(stream)
