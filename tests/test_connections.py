@@ -106,11 +106,13 @@ def test_an_agent_holds_two_connections_through_rendezvous_run_stacks_and_restar
         sampler.phase = "stacks"
         send("stacks-1", "stacks")
         wait_until(lambda: acks("stacks-1", "done") == 2, 30, "both agents' stacks")
+        wait_until(lambda: sampler.samples["stacks"] >= 5, 10, "samples around the stacks")
 
         sampler.phase = "restart"
         send("restart-1", "restart")
         wait_until(lambda: len(of_type(r, job_id, EventType.WORKERS_STARTED)) == 4, 60,
                    "both agents' workers started again")
+        wait_until(lambda: sampler.samples["restart"] >= 5, 10, "samples around the restart")
 
         sampler.phase = "stop"
         send("stop-1", "stop")

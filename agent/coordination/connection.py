@@ -859,12 +859,25 @@ class _AsyncClusterRedis(aioredis.cluster.RedisCluster):
     endpoint_display = ""
 
     async def initialize(self, *args: Any, **kwargs: Any) -> Any:
+        reading = self._initialize
         try:
-            return await super().initialize(*args, **kwargs)
+            client = await super().initialize(*args, **kwargs)
         except redis.exceptions.RedisClusterException as exc:
             if not _cluster_unreachable(exc):
                 raise
             raise redis.ConnectionError(redact(str(exc))) from None
+        if reading:
+            # Reading the slot map and the command table leaves idle connections to the node
+            # asked (two: its startup entry's and its entry's in the map) that the client may
+            # never use again: closed, each reconnects if used (issue 21: connections count).
+            nodes = self.nodes_manager.nodes_cache
+            with contextlib.suppress(Exception):
+                for name, node in self.nodes_manager.startup_nodes.items():
+                    if nodes.get(name) is not node:
+                        await node.disconnect()
+                for node in nodes.values():
+                    await node.disconnect_free_connections()
+        return client
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         try:

@@ -38,7 +38,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from .connection import raise_if_cancelled
+from .connection import is_cluster, raise_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -207,19 +207,28 @@ class StreamMux:
                 continue
             self._following = streams
             try:
-                reply = await self.client.xread(request, count=self.count, block=self.block_ms)
+                reply = await self._xread(request)
             except _CONNECTION_ERRORS as exc:
-                self._following = None
                 if self.connected:
                     log.info("stream reader lost Redis (%s); reading again when it is back", exc)
                 self.connected = False
                 await asyncio.sleep(backoff)  # backoff between reconnection attempts
                 backoff = min(backoff * 2, 1.0)
                 continue
+            except (redis.exceptions.AskError, redis.exceptions.TryAgainError) as exc:
+                log.debug("stream read redirected (%s); reading the slot map again", exc)
+                await asyncio.sleep(backoff)  # the cluster moves the job's slot
+                backoff = min(backoff * 2, 1.0)
+                continue
             except redis.ResponseError as exc:
-                self._following = None
+                self._following = None  # before the probes' awaits
                 if not await self._find_refused(request, exc):
                     await asyncio.sleep(1.0)  # refused for no key in particular: try again
+                continue
+            except Exception as exc:  # this task carries every blocking read
+                # (a cluster that is down, a reply redis-py cannot parse): never end it.
+                log.warning("stream read failed (%s: %s); retrying", type(exc).__name__, exc)
+                await asyncio.sleep(1.0)
                 continue
             finally:
                 self._following = None
@@ -227,6 +236,19 @@ class StreamMux:
             backoff = 0.05
             for key, entries in reply or ():
                 self._deliver(key.decode() if isinstance(key, bytes) else str(key), entries)
+
+    async def _xread(self, request: Mapping[str, str]) -> Any:
+        if not is_cluster(self.client):
+            return await self.client.xread(request, count=self.count, block=self.block_ms)
+        # Every key is in the job's slot: name its node, or redis-py asks a random node
+        # (COMMAND GETKEYS) before each XREAD, a round trip and a connection to every node.
+        # A stale slot map fails this read (MOVED, or the node is gone) and redis-py reads
+        # the map again before the next.
+        await self.client.initialize()  # the slot map, once (and again after a failure)
+        node = self.client.get_node_from_key(next(iter(request)))
+        return await self.client.execute_command(
+            "XREAD", "COUNT", self.count, "BLOCK", self.block_ms, "STREAMS", *request,
+            *request.values(), target_nodes=node)
 
     def _deliver(self, key: str, entries: list[Any]) -> None:
         parsed = [(parse_id(entry[0]), entry) for entry in entries]
