@@ -17,6 +17,7 @@ import psutil
 import pytest
 import redis
 
+from elastic_agent.coordination import stream_mux
 from elastic_agent.coordination.connection import make_async_client, priority
 from elastic_agent.coordination.protocol import Command, EventType, JobKeys, encode_command
 from elastic_agent.coordination.stream_mux import StreamMux
@@ -335,3 +336,27 @@ async def test_a_heartbeat_waits_for_one_small_batch_not_for_a_backlog(redis_url
         await publisher.close()
         await client.aclose()
         r.delete(stream)
+
+
+@pytest.mark.asyncio
+async def test_a_stream_nobody_reads_any_more_is_dropped_and_a_late_reader_misses_nothing(
+        redis_url, r, job_id, monkeypatch):
+    keys = JobKeys(job_id)
+    stream = keys.prefix + "s"
+    monkeypatch.setattr(stream_mux, "BUFFER", 5)  # a reader that falls behind its buffer
+    async with Mux(redis_url, job_id, block_ms=200) as mux:
+        mux.idle_s = 0.5
+        reader = mux.reader()
+        assert await reader.xread({stream: "0-0"}, block=50) == []
+        ids = [r.xadd(stream, {"i": str(i)}) for i in range(20)]
+        # The reader does not read: the multiplexer buffers the newest 5 only ...
+        await wait_until_async(lambda: stream not in mux.followed
+                               or mux.followed[stream] == ids[-1].decode(), 5, "the 20 read")
+        # ... and a read from before them is answered from Redis, exactly.
+        reply = await reader.xread({stream: "0-0"}, block=50)
+        assert [eid for eid, _ in reply[0][1]] == ids
+        # Nobody asks for it any more: it leaves the XREAD after idle_s.
+        await wait_until_async(lambda: stream not in mux.followed, 5, "the stream dropped")
+        r.xadd(stream, {"i": "late"})
+        reply = await reader.xread({stream: ids[-1]}, block=2_000)  # followed again
+        assert [f for _, f in reply[0][1]] == [{b"i": b"late"}]
