@@ -18,31 +18,33 @@ import pytest
 import redis
 
 from elastic_agent.coordination import stream_mux
-from elastic_agent.coordination.connection import make_async_client, priority
+from elastic_agent.coordination.connection import make_async_client, make_client, priority
 from elastic_agent.coordination.protocol import Command, EventType, JobKeys, encode_command
 from elastic_agent.coordination.stream_mux import StreamMux
 from elastic_agent.supervision.publisher import StreamPublisher
 from elastic_agent.supervision.redis_bridge import SyncBridge
 from tests.agents import SCRIPTS, Agent, wait_until
 from tests.test_agent import FAST, agent_args, of_type, worker_pids
+from tests.test_cluster import cluster, elsewhere  # noqa: F401 - the 3-master cluster fixture
 from tests.waiting import wait_until_async
 
 MAX_CONNECTIONS = 2
 
 
-def redis_sockets(pid: int, port: int) -> list[psutil._common.pconn]:
+def redis_sockets(pid: int, port: int | set[int]) -> list[psutil._common.pconn]:
+    ports = port if isinstance(port, set) else {port}
     try:
         conns = psutil.Process(pid).net_connections(kind="tcp")
     except psutil.Error:
         return []
-    return [c for c in conns if c.raddr and c.raddr.port == port
+    return [c for c in conns if c.raddr and c.raddr.port in ports
             and c.status == psutil.CONN_ESTABLISHED]
 
 
 class Sampler:
     """Counts each agent's Redis connections every 20 ms, per phase of the test."""
 
-    def __init__(self, pids: list[int], port: int) -> None:
+    def __init__(self, pids: list[int], port: int | set[int]) -> None:
         self.pids, self.port = pids, port
         self.phase = "start"
         self.most: dict[tuple[str, int], int] = defaultdict(int)
@@ -360,3 +362,33 @@ async def test_a_stream_nobody_reads_any_more_is_dropped_and_a_late_reader_misse
         r.xadd(stream, {"i": "late"})
         reply = await reader.xread({stream: ids[-1]}, block=2_000)  # followed again
         assert [f for _, f in reply[0][1]] == [{b"i": b"late"}]
+
+
+def test_on_a_cluster_the_agent_holds_one_reader_and_a_writer_per_master(
+        cluster, job_id, tmp_path):  # noqa: F811 - the fixture imported above
+    """The documented exception: a cluster client talks to each master on its own connection.
+    The job's slot is on a node other than the one named, as a random job's would be."""
+    url = cluster.url(0)
+    job = elsewhere(cluster, job_id)
+    ports = {n.port: i for i, n in enumerate(cluster.nodes)}
+    r = make_client(url)
+    agent = Agent(agent_args(url, job, "--nproc-per-node", "2", FAST,
+                             str(SCRIPTS / "sleeper.py"), "--seconds", "20"), tmp_path, "a")
+    sampler = Sampler([agent.pid], set(ports))
+    try:
+        wait_until(lambda: len(worker_pids(r, job)) == 2, 60, "two workers")
+        sampler.phase = "running"
+        wait_until(lambda: sampler.samples["running"] >= 100, 30, "samples while running")
+        mine = {f"{c.laddr.ip}:{c.laddr.port}" for c in redis_sockets(agent.pid, set(ports))}
+        held = sorted((ports[n.port], c["name"].rsplit(":", 1)[-1])
+                      for n in cluster.nodes
+                      for c in redis.Redis(port=n.port).client_list() if c["addr"] in mine)
+    finally:
+        sampler.stop()
+        agent.kill()
+    most = sampler.most["running", agent.pid]
+    owner = cluster.owner(JobKeys(job).meta)
+    assert [node for node, role in held if role == "reader"] == [owner], held
+    writers = [node for node, role in held if role == "writer"]
+    assert len(writers) == len(set(writers)) and owner in writers, held
+    assert most <= len(cluster.nodes) + 1, (most, held)
