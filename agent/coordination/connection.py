@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import json
 import math
@@ -54,7 +55,8 @@ import socket
 import string
 import sys
 import time
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections import deque
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
@@ -724,11 +726,15 @@ def make_async_client(
     socket_timeout: float = 10.0,
     max_connections: int | None = None,
     client_name: str | None = None,
+    one_connection: bool = False,
 ) -> aioredis.Redis:
     """The asyncio twin of :func:`make_client`, with the same timeouts and retry policy.
 
     ``client_name``: each connection names itself so (``CLIENT SETNAME``) when the server
-    lets it; a user whose ACL refuses it stays anonymous rather than unable to connect."""
+    lets it; a user whose ACL refuses it stays anonymous rather than unable to connect.
+    ``one_connection``: the client never holds more than one connection (per master of a
+    Redis Cluster): concurrent commands and pipelines take turns on it, those sent under
+    :func:`priority` first (see :class:`_OneConnectionGate`)."""
     from redis.asyncio.retry import Retry as AsyncRetry
 
     ep = endpoint if isinstance(endpoint, Endpoint) else parse_endpoint(endpoint)
@@ -740,12 +746,126 @@ def make_async_client(
         client = _cluster_client(ep, kwargs, asynchronous=True)
         if client_name is not None:
             _name_cluster_connections(client, client_name)
+        if one_connection:
+            _gate_cluster_client(client, _OneConnectionGate())
         return client
     else:
         client = aioredis.Redis.from_url(ep.url, **kwargs)
     if client_name is not None:
         _name_connections(client.connection_pool, client_name)
+    if one_connection:
+        _gate_pool(client.connection_pool, _OneConnectionGate())
     return client
+
+
+# -- one connection per client ----------------------------------------------------------------
+
+_PRIORITY: contextvars.ContextVar[bool] = contextvars.ContextVar("elastic_redis_priority",
+                                                                 default=False)
+
+
+@contextlib.contextmanager
+def priority() -> Iterator[None]:
+    """Commands sent from this context go ahead of the others waiting for a one-connection
+    client (``make_async_client(one_connection=True)``): the agent's heartbeats and
+    rendezvous calls are not held up behind a queue of log batches."""
+    token = _PRIORITY.set(True)
+    try:
+        yield
+    finally:
+        _PRIORITY.reset(token)
+
+
+class _OneConnectionGate:
+    """Lets one command (or pipeline) at a time use a client's connection: waiters marked
+    with :func:`priority` first, each kind in arrival order. A connection pool lets every
+    concurrent command open a connection of its own; the agent has many concurrent tasks and
+    4,096 agents would hold ten thousands of connections."""
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._high: deque[asyncio.Future[None]] = deque()
+        self._low: deque[asyncio.Future[None]] = deque()
+
+    async def acquire(self) -> None:
+        if not self._busy:
+            self._busy = True
+            return
+        fut = asyncio.get_running_loop().create_future()
+        (self._high if _PRIORITY.get() else self._low).append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # handed over just as the waiter was cancelled: pass it on
+            raise
+
+    def release(self) -> None:
+        for queue in (self._high, self._low):
+            while queue:
+                fut = queue.popleft()
+                if not fut.done():
+                    fut.set_result(None)  # handed over: still busy
+                    return
+        self._busy = False
+
+
+def _gate_pool(pool: Any, gate: _OneConnectionGate) -> None:
+    """Put ``gate`` in front of ``pool`` (any asyncio pool: plain, SSL, Sentinel): with one
+    holder at a time the pool never opens a second connection."""
+    get, put = pool.get_connection, pool.release
+    handed: set[int] = set()  # the connections handed out through the gate
+
+    async def get_connection(*args: Any, **kwargs: Any) -> Any:
+        await gate.acquire()
+        try:
+            connection = await get(*args, **kwargs)
+        except BaseException:
+            gate.release()  # redis-py's own release of a failed connection is not gated
+            raise
+        handed.add(id(connection))
+        return connection
+
+    async def release(connection: Any) -> None:
+        try:
+            await put(connection)
+        finally:
+            if id(connection) in handed:
+                handed.discard(id(connection))
+                gate.release()
+
+    pool.get_connection = get_connection
+    pool.release = release
+
+
+def _gate_cluster_client(client: Any, gate: _OneConnectionGate) -> None:
+    """:func:`_gate_pool` for an asyncio cluster client, which has no pool: one command or
+    pipeline at a time, so each master it talks to has at most one connection of it."""
+    execute, make_pipeline = client.execute_command, client.pipeline
+
+    async def execute_command(*args: Any, **kwargs: Any) -> Any:
+        await gate.acquire()
+        try:
+            return await execute(*args, **kwargs)
+        finally:
+            gate.release()
+
+    def pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipe = make_pipeline(*args, **kwargs)
+        run = pipe.execute
+
+        async def gated(*a: Any, **kw: Any) -> Any:
+            await gate.acquire()
+            try:
+                return await run(*a, **kw)
+            finally:
+                gate.release()
+
+        pipe.execute = gated
+        return pipe
+
+    client.execute_command = execute_command
+    client.pipeline = pipeline
 
 
 def _name_connections(pool: Any, name: str) -> None:
@@ -849,12 +969,25 @@ class _AsyncClusterRedis(aioredis.cluster.RedisCluster):
     endpoint_display = ""
 
     async def initialize(self, *args: Any, **kwargs: Any) -> Any:
+        reading = self._initialize
         try:
-            return await super().initialize(*args, **kwargs)
+            client = await super().initialize(*args, **kwargs)
         except redis.exceptions.RedisClusterException as exc:
             if not _cluster_unreachable(exc):
                 raise
             raise redis.ConnectionError(redact(str(exc))) from None
+        if reading:
+            # Reading the slot map and the command table leaves idle connections to the node
+            # asked (two: its startup entry's and its entry's in the map) that the client may
+            # never use again: closed, each reconnects if used (issue 21: connections count).
+            nodes = self.nodes_manager.nodes_cache
+            with contextlib.suppress(Exception):
+                for name, node in self.nodes_manager.startup_nodes.items():
+                    if nodes.get(name) is not node:
+                        await node.disconnect()
+                for node in nodes.values():
+                    await node.disconnect_free_connections()
+        return client
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         try:

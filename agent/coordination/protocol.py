@@ -247,6 +247,11 @@ class JobKeys:
         is claimed again only after newer progress, so one stall is reported exactly once."""
         return self._k(f"stall:{int(round_)}")
 
+    def wake(self, node_id: str) -> str:
+        """Stream (one entry, 60 s TTL): written by one agent to wake its own multiplexed
+        XREAD when it starts following another stream (coordination/stream_mux.py)."""
+        return self._k(f"wake:{node_id}")
+
     @property
     def resources(self) -> str:
         """Hash: global rank -> the latest resource sample of that worker (JSON)."""

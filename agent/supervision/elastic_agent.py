@@ -26,6 +26,7 @@ import enum
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -39,7 +40,7 @@ from typing import IO, Any, TypeVar
 import redis
 import redis.asyncio as aioredis
 
-from ..coordination import protocol
+from ..coordination import protocol, stream_mux
 from ..coordination.connection import (
     RedisUnavailableError,
     config_get_each,
@@ -59,6 +60,7 @@ from ..coordination.rendezvous import (
     RendezvousResult,
 )
 from ..coordination.store import RedisStore, StoreTimeoutError, barrier
+from ..coordination.stream_mux import StreamMux
 from ..coordination.text import terminal_line
 from . import pages
 from .commands import CommandReader, Rejected, stacks_limit, stacks_refused
@@ -70,6 +72,7 @@ from .job_records import JobRecords
 from .logs import LogConfig, NodeLogs, make_logs_drop_marker, parse_std_spec
 from .loops import keep_running
 from .publisher import StreamPublisher
+from .redis_bridge import SyncBridge
 from .retention import JobRetention
 from .stacks import StackCollector
 from .stall import Stall, StallWatch
@@ -154,18 +157,32 @@ class ElasticAgent:
         self.keys = JobKeys(config.job_id)
         self.term = terminal or sys.stderr
         self._colour = _isatty(self.term)
+        self.host = socket.gethostname()
+        # Issue 21: two connections per agent. The writer carries every command that does not
+        # block, one at a time (the rendezvous's first); the multiplexer's one XREAD carries
+        # every blocking read. The rendezvous and the exit barrier's store run in threads:
+        # they use the same two through SyncBridge.
+        name = "elastic-agent:" + re.sub(r"[^A-Za-z0-9._-]", "_", self.host) + f":{os.getpid()}"
+        self._client: aioredis.Redis = make_async_client(
+            config.endpoint, one_connection=True, client_name=name + ":writer")
+        self._mux = StreamMux(make_async_client(
+            config.endpoint, blocking_ms=stream_mux.BLOCK_MS, retries=0, one_connection=True,
+            client_name=name + ":reader"), self._client, wake_key="")
+        self._reader = self._mux.reader()
+        self._bridges = [SyncBridge(self._client, priority=True),
+                         SyncBridge(self._mux.reader(), priority=True)]
         self.rdzv = RedisRendezvous(config.endpoint, config.job_id, config.rendezvous,
                                     local_addr=config.local_addr, nproc=config.nproc,
-                                    node_rank=config.static.node_rank if config.static else None)
+                                    node_rank=config.static.node_rank if config.static else None,
+                                    client=self._bridges[0], reader=self._bridges[1])
         self.node_id = self.rdzv.node_id
-        self.host = socket.gethostname()
+        self._mux.wake_key = self.keys.wake(self.node_id)
         self.publisher = StreamPublisher(
-            config.endpoint, make_drop_marker=make_logs_drop_marker(config.job_id, self.node_id))
+            lambda: self._client, close_client=False,
+            make_drop_marker=make_logs_drop_marker(config.job_id, self.node_id))
         OOM.count_dropped(lambda: self.publisher.stats().dropped_weight)
         self.events = EventSink(self.publisher, config.job_id, self.node_id,
                                 echo=sys.stderr if config.event_log_handler == "console" else None)
-        self._client: aioredis.Redis = make_async_client(config.endpoint)
-        self._reader: aioredis.Redis = make_async_client(config.endpoint, blocking_ms=30_000)
         self.node_logs = NodeLogs(
             LogConfig(redirects=parse_std_spec(config.redirects), tee=parse_std_spec(config.tee),
                       local_ranks_filter=config.local_ranks_filter,
@@ -200,7 +217,7 @@ class ElasticAgent:
         self.health = HealthCheck.for_agent(self)
         #: Issue 13: job-wide stall detection (stall.py); None with --stall-timeout 0.
         self.stall = StallWatch(
-            self._client, self._reader, config.job_id, self.node_id, self.host,
+            self._client, self._mux.reader(), config.job_id, self.node_id, self.host,
             config.stall_timeout, config.on_stall, self.node_logs.last_output, self.events.emit,
         ) if config.stall_timeout > 0 else None
         self._round: _Round | None = None
@@ -224,6 +241,9 @@ class ElasticAgent:
         for sig in self.cfg.signals_to_handle:
             with contextlib.suppress(ValueError, RuntimeError, OSError):
                 loop.add_signal_handler(sig, self._on_signal, sig)
+        for bridge in self._bridges:
+            bridge.attach(loop)
+        self._mux.start()
         await self.publisher.start()
         background = [asyncio.create_task(self._read_commands(), name="commands"),
                       asyncio.create_task(self.sampler.run(), name="resources"),
@@ -246,8 +266,9 @@ class ElasticAgent:
             with contextlib.suppress(Exception):
                 # After this agent's last write, so what it wrote expires with the rest.
                 await asyncio.wait_for(self.retention.finish(), 10.0)
+            await self._mux.aclose()
+            await self._mux.client.aclose()
             await self._client.aclose()
-            await self._reader.aclose()
             for sig in self.cfg.signals_to_handle:
                 with contextlib.suppress(ValueError, RuntimeError):
                     loop.remove_signal_handler(sig)
@@ -717,7 +738,10 @@ class ElasticAgent:
         job's end for that long."""
         assert self._signal is not None
         leave = threading.Event()
-        store = _LeavableStore(self.cfg.endpoint, self.cfg.job_id, f"r{r.round}", leave=leave)
+        reader = self._mux.reader()
+        store = _LeavableStore.on(
+            self._bridges[0], SyncBridge(reader, priority=True, loop=asyncio.get_running_loop()),
+            self.cfg.job_id, f"r{r.round}", leave)
         passing = asyncio.ensure_future(asyncio.to_thread(
             barrier, store, r.group_world_size, "exit", self.cfg.exit_barrier_timeout,
             r.group_rank))
@@ -761,6 +785,7 @@ class ElasticAgent:
                 reason = None  # it filled: every node succeeded, whatever else came in
             finally:
                 store.close()
+                reader.close()
         return reason
 
     async def _watch_failures(self, r: RendezvousResult) -> tuple[Outcome, Any]:
@@ -880,7 +905,7 @@ class ElasticAgent:
     async def _read_commands(self) -> None:
         """Acts on the job's commands for the agent's whole life: the loop is restarted, and
         says so, should anything escape it."""
-        reader = CommandReader(self._reader, self.cfg.job_id)
+        reader = CommandReader(self._mux.reader(), self.cfg.job_id)
         await keep_running("command reader", lambda: self._command_loop(reader), self.say,
                            progress=lambda: reader.handled)
 
@@ -1058,9 +1083,16 @@ class _LeavableStore(RedisStore):
     the event loop cannot cancel (and ``asyncio.run`` would wait for it at exit), so it waits
     in slices and looks at ``leave`` between them."""
 
-    def __init__(self, *args: Any, leave: threading.Event, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._leave = leave
+    _leave: threading.Event
+
+    @classmethod
+    def on(cls, writer: Any, reader: Any, job_id: str, namespace: str,
+           leave: threading.Event) -> _LeavableStore:
+        """A store on the agent's bridged clients (no connection of its own)."""
+        store = cls.from_clients(writer, reader, job_id, namespace)
+        assert isinstance(store, _LeavableStore)
+        store._leave = leave
+        return store
 
     def wait(self, keys: Sequence[str | bytes], timeout: Any = None) -> None:
         if timeout is None:
