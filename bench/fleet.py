@@ -53,8 +53,8 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from elastic_agent.coordination import protocol
-from elastic_agent.coordination.connection import make_client
+from elastic_agent.coordination import protocol, stream_mux
+from elastic_agent.coordination.connection import make_async_client, make_client
 from elastic_agent.coordination.protocol import Command, CommandType, EventType, JobKeys
 from elastic_agent.coordination.rendezvous import (
     AsyncRedisRendezvous,
@@ -63,6 +63,8 @@ from elastic_agent.coordination.rendezvous import (
 )
 from elastic_agent.coordination.stack_dumps import RankStack, group_stacks, parse_faulthandler
 from elastic_agent.coordination.stack_replies import request_stacks
+from elastic_agent.coordination.stream_mux import StreamMux
+from elastic_agent.supervision.commands import CommandReader, Rejected
 from elastic_agent.supervision.events import EventSink, ResourceSampler
 from elastic_agent.supervision.job_records import JobRecords
 from elastic_agent.supervision.publisher import StreamPublisher
@@ -80,14 +82,6 @@ _STACK = """Thread 0x00007f0000000001 (most recent call first):
 
 
 # -- one node -----------------------------------------------------------------------------
-
-def one_connection(url: str, blocking: bool) -> aioredis.Redis:
-    """A client whose pool holds exactly one connection (callers queue for it)."""
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=1, timeout=None,
-        socket_timeout=(BLOCK_MS / 1000 + 10) if blocking else 30, socket_connect_timeout=10)
-    return aioredis.Redis(connection_pool=pool)
-
 
 class FakeSampler(ResourceSampler):
     """The agent's sampler with made-up workers: the write path is the real one."""
@@ -114,23 +108,34 @@ class SimNode:
         self.nproc = nproc
         self.settings = settings
         self.node_id = f"sim{index:05d}-{uuid.uuid4().hex[:6]}"
-        self.writer = one_connection(url, blocking=False)
-        self.reader = one_connection(url, blocking=True)
+        # An agent's two connections: the writer, and one XREAD for every stream it follows.
+        self.writer = make_async_client(url, one_connection=True)
+        self.mux = StreamMux(make_async_client(url, blocking_ms=stream_mux.BLOCK_MS, retries=0,
+                                               one_connection=True),
+                             self.writer, wake_key=self.keys.wake(self.node_id))
         self.rdzv = AsyncRedisRendezvous(url, job, settings, local_addr="127.0.0.1",
                                          node_id=self.node_id, nproc=nproc,
-                                         client=self.writer, reader=self.reader)
-        self.publisher = StreamPublisher(lambda: self.writer)
+                                         client=self.writer, reader=self.mux.reader())
+        self.publisher = StreamPublisher(lambda: self.writer, close_client=False)
         self.events = EventSink(self.publisher, job, self.node_id)
         self.records = JobRecords(self.writer, job, self.keys.logs(self.node_id))
         self.result: RendezvousResult | None = None
         self.started_ms = 0
         self.tasks: list[asyncio.Task[Any]] = []
-        self.dead = False
         self.restart_after_ms = 0
+        self.restart = asyncio.Event()
 
     async def connect(self) -> None:
         await self.writer.ping()
-        await self.reader.ping()
+        await self.mux.client.ping()
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.publisher.close(flush_timeout=0.5), 5)
+        await self.mux.aclose()
+        for client in (self.mux.client, self.writer):
+            with contextlib.suppress(Exception):
+                await client.aclose()
 
     async def rendezvous(self) -> RendezvousResult:
         result = await self.rdzv.next_rendezvous()
@@ -154,6 +159,7 @@ class SimNode:
         """``formed()`` after the first round; it returns when every node of this process
         has formed: what a node does next would otherwise take this process's CPU from the
         nodes still forming (agents each have a host of their own)."""
+        self.mux.start()
         await self.publisher.start()
         await self.rendezvous()
         self.report("formed", self.index, time.time(), time.process_time())
@@ -161,12 +167,13 @@ class SimNode:
         self.start_workers()
         sampler = FakeSampler(self.writer, self.job, self.node_id, self.ranks)
         self.tasks = [asyncio.create_task(sampler.run()),
-                      asyncio.create_task(self.progress())]
+                      asyncio.create_task(self.progress()),
+                      asyncio.create_task(self.commands())]
         await self.watch()
 
     async def progress(self) -> None:
         """Stall progress, as StallWatch writes it for a job whose ranks compute."""
-        stall = StallWatch(self.writer, self.reader, self.job, self.node_id, "fleet", 300,
+        stall = StallWatch(self.writer, self.mux.reader(), self.job, self.node_id, "fleet", 300,
                            "observe", {}, self.events.emit)
         interval = interval_for(300)
         await asyncio.sleep(random.uniform(0, interval))  # agents start at different times
@@ -177,11 +184,11 @@ class SimNode:
             await asyncio.sleep(interval)
 
     async def watch(self) -> None:
-        """The agent's membership watch and command reader over one blocking connection:
-        the summary every keep-alive interval, or at once when the rendezvous or the command
-        stream says something."""
+        """The agent's membership watch: the summary every keep-alive interval, or at once
+        when the rendezvous says something or a restart command came."""
+        reader = self.mux.reader()
         streams: dict[str, str] = {}
-        for key in (self.keys.rdzv_notify, self.keys.rdzv_joins, self.keys.commands):
+        for key in (self.keys.rdzv_notify, self.keys.rdzv_joins):
             last = await self.writer.xrevrange(key, count=1)
             streams[key] = last[0][0].decode() if last else "0-0"
         interval_ms = int(self.settings.keep_alive_interval * 1000)
@@ -192,40 +199,48 @@ class SimNode:
             m, newly = await self.rdzv.lost_since_last_check()
             for node in newly:
                 self.events.emit(EventType.NODE_LOST, lost_node=node, host="fleet")
-            reform = (m.round > self.result.round or self.rdzv.waiting_count(m) > 0
-                      or self.restart_after_ms > self.started_ms)
-            if reform:
+            if (m.round > self.result.round or self.rdzv.waiting_count(m) > 0
+                    or self.restart_after_ms > self.started_ms):
                 self.restart_after_ms = 0
+                self.restart.clear()
                 await self.rendezvous()
                 self.report("reformed", self.index, time.time(), self.result.round)
                 self.start_workers()
                 continue
-            reply = await self.reader.xread(streams, block=interval_ms, count=100)
-            for key, entries in reply or []:
-                k = key.decode()
-                for entry_id, fields in entries:
-                    streams[k] = entry_id.decode()
-                    if k == self.keys.commands:
-                        await self.command(entry_id, fields)
+            read = asyncio.ensure_future(reader.xread(streams, block=interval_ms, count=100))
+            restart = asyncio.ensure_future(self.restart.wait())
+            await asyncio.wait({read, restart}, return_when=asyncio.FIRST_COMPLETED)
+            restart.cancel()
+            if not read.done():
+                read.cancel()
+                continue
+            for key, entries in read.result() or []:
+                streams[key.decode() if isinstance(key, bytes) else key] = (
+                    entries[-1][0].decode() if isinstance(entries[-1][0], bytes)
+                    else entries[-1][0])
 
-    async def command(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
-        cmd = protocol.decode_command(entry_id, fields)
-        if isinstance(cmd, str):
-            return
-        if cmd.type == CommandType.STACKS:
-            assert self.result is not None
-            odd = self.result.total_workers - 1  # the job's last rank is somewhere else
-            stacks = [RankStack(r, self.node_id, "fleet", 10_000 + r, parse_faulthandler(
-                _STACK.format(line=17 if r == odd else 12,
-                              fn="straggler" if r == odd else "all_reduce")))
-                      for r in self.ranks]
-            await StackCollector(None, self.writer, self.job, self.node_id, "fleet").publish(
-                cmd.id, stacks)
-            self.ack(cmd.id, "done", f"stacks of {len(stacks)} ranks published")
-            return
-        self.ack(cmd.id, "accepted", f"{cmd.type} from {cmd.issuer}")
-        if cmd.type == CommandType.RESTART and protocol.stream_id_ms(cmd.entry_id) >= self.started_ms:
-            self.restart_after_ms = protocol.stream_id_ms(cmd.entry_id)
+    async def commands(self) -> None:
+        """The agent's command reader (its own cursor on the command stream) and acks."""
+        async for cmd in CommandReader(self.mux.reader(), self.job):
+            if isinstance(cmd, Rejected):
+                self.ack(cmd.id, "rejected", cmd.reason)
+                continue
+            if cmd.type == CommandType.STACKS:
+                assert self.result is not None
+                odd = self.result.total_workers - 1  # the job's last rank is somewhere else
+                stacks = [RankStack(r, self.node_id, "fleet", 10_000 + r, parse_faulthandler(
+                    _STACK.format(line=17 if r == odd else 12,
+                                  fn="straggler" if r == odd else "all_reduce")))
+                          for r in self.ranks]
+                await StackCollector(None, self.writer, self.job, self.node_id,
+                                     "fleet").publish(cmd.id, stacks)
+                self.ack(cmd.id, "done", f"stacks of {len(stacks)} ranks published")
+                continue
+            self.ack(cmd.id, "accepted", f"{cmd.type} from {cmd.issuer}")
+            if (cmd.type == CommandType.RESTART
+                    and protocol.stream_id_ms(cmd.entry_id) >= self.started_ms):
+                self.restart_after_ms = protocol.stream_id_ms(cmd.entry_id)
+                self.restart.set()
 
     def ack(self, command_id: str, status: str, reason: str) -> None:
         self.events.emit(EventType.COMMAND_ACK, command_id=command_id, status=status,
@@ -233,7 +248,6 @@ class SimNode:
 
     def kill(self) -> None:
         """The host dies: no leave, no more heartbeats, nothing read or written."""
-        self.dead = True
         self.rdzv.stop_heartbeats()
         for t in self.tasks:
             t.cancel()
@@ -311,11 +325,8 @@ async def _fleet_main(conn: Any, url: str, job: str, first: int, count: int, npr
                 n.rdzv.stop_heartbeats()
             await asyncio.gather(*runs, return_exceptions=True)
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.gather(
-                    *(n.publisher.close(flush_timeout=0.5) for n in nodes),
-                    return_exceptions=True), 10)
-            await asyncio.gather(*(c.aclose() for n in nodes for c in (n.writer, n.reader)),
-                                 return_exceptions=True)
+                await asyncio.wait_for(asyncio.gather(*(n.close() for n in nodes),
+                                                      return_exceptions=True), 15)
             conn.send(("stopped",))
             # Threads still wait on calls into this loop (a killed node's last read): no
             # interpreter shutdown that would join them.

@@ -1037,7 +1037,8 @@ class AsyncRedisRendezvous(RedisRendezvous):
 
     For many nodes in one process (``bench/fleet.py`` packs 2,048 into each), where a thread
     per node and a hop between threads per call would be the bench measuring itself. An agent
-    keeps :class:`RedisRendezvous`: its heartbeats must not wait for a busy event loop.
+    (one node) keeps :class:`RedisRendezvous` in a thread, over its two connections
+    (``supervision/redis_bridge.py``), as torch's handler contract is synchronous.
     """
 
     def __init__(self, endpoint: Endpoint | str | None, job_id: str,
