@@ -720,6 +720,9 @@ class JobClient:
         if not self._cluster:
             reply = await self._reader.xread(ids, count=READ_COUNT, block=BLOCK_MS)
             return reply or []
+        # Concurrent first commands of an uninitialized cluster client raced its set-up
+        # (a connection closed under another's handshake): set it up before they start.
+        await self._reader.initialize()
         groups: dict[int, dict[str, str]] = {}
         for key, last in ids.items():
             groups.setdefault(key_slot(key.encode()), {})[key] = last

@@ -3,6 +3,8 @@ does not own the job's slot (as a user of ``redis-cli -c`` would name any node).
 
 * Two agents run a job through it with the console attached (the Textual app, then the CLI's
   restart, status, logs, events, ls and rm), and retention finds the job's keys on their node.
+* A job's log streams spread over the masters (``elastic:log:{JOB/TAG}:NODE``), and every
+  reader (the console's client, ``logs``, retention, ``rm``) follows them there.
 * TorchRedisStore across two processes, and the ``redis`` torchrun rendezvous handler.
 * The endpoint forms: auto-detected ``redis://``, explicit ``redis+cluster://``, and the hint
   a cluster node gives a client that took it for a single server.
@@ -11,6 +13,7 @@ does not own the job's slot (as a user of ``redis-cli -c`` would name any node).
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import random
@@ -25,16 +28,27 @@ import redis
 from redis.crc import key_slot
 from textual.pilot import Pilot
 
+from elastic_agent.coordination import protocol
 from elastic_agent.coordination.connection import (
     EndpointError,
     explain_error,
     is_cluster,
+    make_async_client,
     make_client,
     parse_endpoint,
 )
 from elastic_agent.coordination.ports import port_is_free
-from elastic_agent.coordination.protocol import JOBS_INDEX, EventType, JobKeys
+from elastic_agent.coordination.protocol import (
+    JOBS_INDEX,
+    EventType,
+    JobKeys,
+    LogBatch,
+    encode_log_batch,
+)
 from elastic_agent.coordination.torch_compat import TorchRedisStore
+from elastic_agent.supervision.logs import NodeLogs, WorkerLogs, make_logs_drop_marker
+from elastic_agent.supervision.publisher import StreamPublisher
+from elastic_agent.supervision.retention import JobRetention
 from elastic_agent.supervision.standalone import RedisServer
 from elastic_console.app import ConsoleApp
 from elastic_console.client import BLOCK_MS, JobClient
@@ -195,6 +209,9 @@ def test_a_two_node_job_through_a_cluster_with_the_console_attached(cluster, job
         # Retention scanned the node that owns the job's slot: its keys got their TTL.
         assert 0 < r.pttl(JobKeys(job).meta) <= 7 * 86400 * 1000
         assert r.pttl(JobKeys(job).events) > 0
+        # ... and the log streams, outside that slot, theirs through the job's set.
+        streams = [m.decode() for m in r.smembers(JobKeys(job).log_streams)]
+        assert len(streams) == 2 and all(r.pttl(s) > 0 for s in streams), streams
         p = cli(url, "rm", job)
         assert p.returncode == 0 and p.stdout.startswith(f"removed job {job} ("), p.stdout
         direct = redis.Redis(port=owner.port, protocol=2)
@@ -203,6 +220,7 @@ def test_a_two_node_job_through_a_cluster_with_the_console_attached(cluster, job
         finally:
             direct.close()
         assert r.zscore(JOBS_INDEX, job) is None
+        assert r.exists(*streams) == 0
     finally:
         for o in others:
             o.config_set("maxmemory-policy", "noeviction")
@@ -359,3 +377,112 @@ def test_follow_through_a_cluster_ends_when_cancelled_at_random_moments(cluster,
             await client.close()
 
     asyncio.run(body())
+
+
+# -- a job's log streams over the cluster's masters -------------------------------------------
+
+SPREAD_NODES = 12
+
+
+class _Fleet:
+    """Simulated nodes of one job, each with the agent's real log pipeline (``NodeLogs`` and a
+    ``StreamPublisher`` of its own, through the cluster): one worker each, fed lines by hand."""
+
+    def __init__(self, url: str, job: str, tmp_path: Path) -> None:
+        self.url, self.job, self.tmp_path = url, job, tmp_path
+        self.nodes: list[tuple[StreamPublisher, NodeLogs, WorkerLogs]] = []
+
+    async def start(self, n: int) -> None:
+        for i in range(n):
+            node = f"node-{i}"
+            pub = StreamPublisher(self.url, make_drop_marker=make_logs_drop_marker(self.job, node))
+            await pub.start()
+            logs = NodeLogs(publisher=pub, job_id=self.job, node_id=node,
+                            stdout=io.BytesIO(), stderr=io.BytesIO())
+            worker = logs.open_worker(directory=self.tmp_path / node, role="w", rank=i,
+                                      local_rank=0, attempt=0)
+            self.nodes.append((pub, logs, worker))
+
+    def say(self, text: str) -> None:
+        for i, (_, _, worker) in enumerate(self.nodes):
+            worker.feed(protocol.STDOUT, f"{text} from rank {i}\n".encode())
+
+    @property
+    def streams(self) -> list[str]:
+        return [logs.stream_key for _, logs, _ in self.nodes]
+
+    async def close(self) -> None:
+        for pub, _, worker in self.nodes:
+            worker.close()
+            await pub.close()
+
+
+def test_a_jobs_log_streams_spread_over_the_masters_and_every_reader_follows_them(
+        cluster, job_id, tmp_path):
+    """Twelve nodes' log streams land on more than one master, none in the job's slot; the
+    console's client (history and follow), ``logs``, retention (lease and final pass) and
+    ``rm`` find every one of them through the job's set, and an old-shape stream
+    (``elastic:{JOB}:logs:NODE``) named in the set too."""
+    url = cluster.url(0)
+    job = elsewhere(cluster, job_id)
+    keys = JobKeys(job)
+    r = make_client(url)
+    legacy = keys.legacy_logs("old-node")
+    r.xadd(legacy, encode_log_batch(LogBatch("old-node", 99, 0, 0, "out", 1, ["an old line"])))
+    r.sadd(keys.log_streams, legacy)
+    fleet = _Fleet(url, job, tmp_path)
+
+    async def body() -> None:
+        await fleet.start(SPREAD_NODES)
+        fleet.say("history")
+        await wait_until_async(lambda: all(r.xlen(s) for s in fleet.streams), 15,
+                               "every node's first entry")
+        streams = fleet.streams
+        masters = {cluster.owner(s) for s in streams}
+        assert len(masters) > 1, f"every log stream on one master: {streams}"
+        assert not {key_slot(s.encode()) for s in streams} & {key_slot(keys.meta.encode())}
+        assert {m.decode() for m in r.smembers(keys.log_streams)} == {*streams, legacy}
+
+        # The console's client: the history of every node, then lines each node writes
+        # afterwards, followed on every master at once (one XREAD per slot).
+        client = JobClient(url, job)
+        try:
+            _, history = await client.history(max_events=0)
+            assert {b.rank for b in history} == {*range(SPREAD_NODES), 99}
+            seen: set[int] = set()
+
+            async def follow() -> None:
+                async for piece in client.follow_many():
+                    seen.update(b.rank for b in piece if isinstance(b, LogBatch)
+                                and b.lines[0].startswith("live"))
+                    if len(seen) == SPREAD_NODES:
+                        return
+
+            task = asyncio.ensure_future(follow())
+            fleet.say("live")
+            await asyncio.wait_for(task, 20)
+        finally:
+            await client.close()
+
+        # Retention: the lease gives the streams a TTL, the final pass the retention.
+        retention = JobRetention(make_async_client(url), job, "node-0", 3600.0)
+        await retention.expire_all(7200.0, renewal=True)
+        assert all(7000 * 1000 < r.pttl(s) <= 7200 * 1000 for s in streams), (
+            [r.pttl(s) for s in streams])
+        r.hset(keys.meta, mapping={"final_state": "succeeded"})
+        await retention.finish()
+        assert all(0 < r.pttl(s) <= 3600 * 1000 for s in [*streams, legacy])
+
+    try:
+        asyncio.run(body())
+        logs = cli(url, "logs", job, "--tail", "1000")
+        assert logs.returncode == 0, logs.stderr
+        for i in range(SPREAD_NODES):
+            assert f"history from rank {i}" in logs.stdout and f"live from rank {i}" in logs.stdout
+        assert "an old line" in logs.stdout
+        p = cli(url, "rm", job)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert r.exists(*fleet.streams, legacy, keys.log_streams, keys.meta) == 0
+    finally:
+        asyncio.run(fleet.close())
+        r.close()
