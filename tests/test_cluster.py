@@ -37,7 +37,6 @@ from elastic_agent.coordination.connection import (
     make_client,
     parse_endpoint,
 )
-from elastic_agent.coordination.ports import port_is_free
 from elastic_agent.coordination.protocol import (
     JOBS_INDEX,
     EventType,
@@ -49,75 +48,15 @@ from elastic_agent.coordination.torch_compat import TorchRedisStore
 from elastic_agent.supervision.logs import NodeLogs, WorkerLogs, make_logs_drop_marker
 from elastic_agent.supervision.publisher import StreamPublisher
 from elastic_agent.supervision.retention import JobRetention
-from elastic_agent.supervision.standalone import RedisServer
 from elastic_console.app import ConsoleApp
 from elastic_console.client import BLOCK_MS, JobClient
 from tests.agents import SCRIPTS, Agent
+from tests.cluster import Cluster, cluster_port
 from tests.test_agent import FAST, agent_args, of_type, worker_pids
 from tests.test_console_app import loaded, run, ticks
 from tests.waiting import wait_until, wait_until_async
 
 CONSOLE = [sys.executable, "-m", "elastic_console.cli"]
-SLOTS = 16384
-
-
-def _cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free and exists as well."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, 55000)
-        if port_is_free(port) and port_is_free(port + 10000):
-            return port
-    raise AssertionError("no free port pair for a cluster node")
-
-
-class Cluster:
-    """Three masters, node ``i`` owning slots ``[starts[i], starts[i + 1])``."""
-
-    def __init__(self) -> None:
-        self.nodes = [RedisServer(port=_cluster_port(), extra_args=["--cluster-enabled", "yes",
-                                              "--cluster-config-file", "nodes.conf",
-                                              "--cluster-node-timeout", "5000"])
-                      for _ in range(3)]
-        self.starts = [0, 5461, 10923, SLOTS]
-
-    def start(self) -> Cluster:
-        for node in self.nodes:
-            node.start()
-        clients = [redis.Redis(port=n.port, protocol=2) for n in self.nodes]
-        try:
-            # What `redis-cli --cluster create ... --cluster-replicas 0` does, without
-            # needing redis-cli: each node takes its slots, then they meet.
-            for i, c in enumerate(clients):
-                c.execute_command("CLUSTER", "ADDSLOTS",
-                                  *range(self.starts[i], self.starts[i + 1]))
-            for c in clients[1:]:
-                c.execute_command("CLUSTER", "MEET", "127.0.0.1", self.nodes[0].port)
-
-            def ready() -> bool:
-                for c in clients:
-                    info = c.execute_command("CLUSTER", "INFO").decode()
-                    if ("cluster_state:ok" not in info or "cluster_known_nodes:3" not in info
-                            or len(c.execute_command("CLUSTER", "SLOTS")) != 3):
-                        return False
-                return True
-
-            wait_until(ready, 30, "the cluster to form")
-        finally:
-            for c in clients:
-                c.close()
-        return self
-
-    def url(self, i: int) -> str:
-        return self.nodes[i].url
-
-    def owner(self, key: str) -> int:
-        slot = key_slot(key.encode())
-        return next(i for i in range(3) if self.starts[i] <= slot < self.starts[i + 1])
-
-    def cleanup(self) -> None:
-        for node in self.nodes:
-            node.cleanup()
 
 
 @pytest.fixture(scope="module")
@@ -299,7 +238,7 @@ def test_endpoint_forms(cluster, redis_url, job_id):
     said = str(explain_error(caught.value, cluster.url(0)))
     assert "MOVED" in said and "redis+cluster://" in said, said
     # An explicit cluster nobody answers for: one clear line, as for a single server.
-    gone = f"redis+cluster://127.0.0.1:{_cluster_port()}"
+    gone = f"redis+cluster://127.0.0.1:{cluster_port()}"
     p = cli(gone, "ls")
     assert p.returncode == 1 and p.stderr.startswith("elastic-console: error: cannot reach Redis"), (
         p.stderr)
