@@ -16,6 +16,10 @@ Reading contract (FIELD-NOTES: ``$`` can skip entries, a reader must re-send its
 * :meth:`follow` passes the last id it saw for every stream on every ``XREAD``, ``0-0`` for a
   log stream discovered later (so its first lines are not skipped), and never ``$``. After an
   outage it re-sends the same ids: no gap, no duplicate.
+* A job's log streams are found through the job's set of them (``JobKeys.log_streams``),
+  never by SCAN: they live outside the job's slot (``JobKeys.logs``). On a cluster,
+  :meth:`follow` makes one blocking XREAD per slot its streams are in (at most 17: the job's
+  and 16 log tags), each on its own connection; on one server, one XREAD as before.
 
 Every message names the endpoint by ``Endpoint.display`` (password redacted). Connection
 problems surface as :class:`~elastic_agent.coordination.connection.RedisUnavailableError` with a
