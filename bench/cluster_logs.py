@@ -79,7 +79,7 @@ def _chunk(worker: int, lines: int) -> bytes:
 
 
 async def _produce(url: str, job: str, nodes: list[str], args: argparse.Namespace,
-                   start_at: float, first_rank: int) -> dict[str, float]:
+                   pipe: Any, first_rank: int) -> dict[str, float]:
     tmp = Path(tempfile.mkdtemp(prefix="cluster-logs-", dir="/dev/shm"
                                 if Path("/dev/shm").is_dir() else None))
     fleet = []
@@ -96,6 +96,17 @@ async def _produce(url: str, job: str, nodes: list[str], args: argparse.Namespac
                             _chunk(rank, args.chunk)))
             rank += 1
         fleet.append((pub, workers))
+    # Connected before the start (open_worker queued the stream's SADD): a few hundred
+    # cluster clients dialling every master at once while the feed starts timed out here.
+    await asyncio.gather(*(pub.flush() for pub, _ in fleet))
+    # Each stream's first entry too, so the window does not open on a connection storm.
+    for _, workers in fleet:
+        for worker, chunk in workers:
+            worker.feed(protocol.STDOUT, chunk)
+    await asyncio.gather(*(pub.flush() for pub, _ in fleet))
+    # Ready: the parent sends the common start time once every producer is.
+    pipe.send("ready")
+    start_at = await asyncio.to_thread(pipe.recv)
     await asyncio.sleep(max(0.0, start_at - time.time()))
     window_start = time.time() + args.warmup
     period = args.chunk / args.rate if args.rate > 0 else 0.0
@@ -143,9 +154,9 @@ async def _produce(url: str, job: str, nodes: list[str], args: argparse.Namespac
     return {"lines": sent, "cpu_s": cpu, "dropped": dropped, "retries": retries}
 
 
-def _producer(url: str, job: str, nodes: list[str], args: argparse.Namespace, start_at: float,
-              first_rank: int, out: Any) -> None:
-    out.send(asyncio.run(_produce(url, job, nodes, args, start_at, first_rank)))
+def _producer(url: str, job: str, nodes: list[str], args: argparse.Namespace,
+              first_rank: int, pipe: Any) -> None:
+    pipe.send(asyncio.run(_produce(url, job, nodes, args, pipe, first_rank)))
 
 
 def _cpu(port: int) -> tuple[float, int]:
@@ -169,16 +180,21 @@ def run_config(name: str, args: argparse.Namespace) -> dict[str, Any]:
     try:
         nodes = [f"node-{i:05d}" for i in range(args.nodes)]
         ctx = multiprocessing.get_context("fork")
-        start_at = time.time() + args.setup
         pipes, procs = [], []
         for p in range(args.procs):
             mine = nodes[p::args.procs]
-            here, there = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_producer, args=(url, job, mine, args, start_at,
+            here, there = ctx.Pipe()
+            proc = ctx.Process(target=_producer, args=(url, job, mine, args,
                                                        p * len(nodes) * args.workers, there))
             proc.start()
             pipes.append(here)
             procs.append(proc)
+        for pipe in pipes:  # every producer built and connected its nodes
+            if pipe.recv() != "ready":
+                raise RuntimeError("a producer failed to start")
+        start_at = time.time() + 0.5
+        for pipe in pipes:
+            pipe.send(start_at)
         time.sleep(max(0.0, start_at + args.warmup - time.time()))
         before = [_cpu(port) for port in ports]
         time.sleep(args.seconds)
@@ -221,8 +237,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="lines/s per worker, paced (0: as fast as the publishers take them)")
     ap.add_argument("--procs", type=int, default=2, help="producer processes")
     ap.add_argument("--maxlen", type=int, default=200, help="entries kept per log stream")
-    ap.add_argument("--setup", type=float, default=8.0,
-                    help="seconds for the producers to build their nodes")
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--seconds", type=float, default=10.0)
     args = ap.parse_args(argv)
