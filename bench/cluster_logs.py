@@ -17,7 +17,12 @@ Setup, for each configuration (``--configs``, default ``single,1,3``):
   training-like output (~80 bytes) as fast as its node's publisher takes them (a node whose
   publisher holds more than 1 MiB unsent is skipped that turn), so the lines go through the
   same ``_Shipper``/``NodeBatcher`` encoding, 50 ms linger and pipelined ``XADD MAXLEN ~`` as
-  an agent's. Streams keep ``--maxlen`` entries (memory stays bounded);
+  an agent's. ``--rate`` paces each worker instead (small entries: Redis's cost per line is
+  higher, the producers' too). Streams keep ``--maxlen`` entries (memory stays bounded).
+  Every node is connected (its stream's first entry sent) before a common start. Hundreds
+  of nodes per process are many agents in one event loop: at 512 per process here
+  publishers hit their 2 s connect / 5 s read timeouts (the retried sends are printed);
+  256 nodes over 2 processes ran clean;
 * after ``--warmup`` seconds, a window of ``--seconds``: lines/s is the lines Redis
   acknowledged in the window (the publishers' ``sent_weight``), summed over producers; CPU of
   each master from ``INFO cpu`` (``used_cpu_user + used_cpu_sys``, % of one core) and its
