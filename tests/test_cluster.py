@@ -295,6 +295,15 @@ def test_follow_through_a_cluster_ends_when_cancelled_at_random_moments(cluster,
     follow cancelled at any moment ends, and the next one still reads."""
     url = cluster.url(0)
     job = elsewhere(cluster, job_id)
+    # Log streams in several slots: each cancellation lands among per-slot reads.
+    keys = JobKeys(job)
+    seed = make_client(url)
+    for i in range(6):
+        stream = keys.logs(f"node-{i}")
+        seed.xadd(stream, encode_log_batch(LogBatch(f"node-{i}", i, 0, 0, "out", 1, ["x"])))
+        seed.sadd(keys.log_streams, stream)
+    assert len({key_slot(keys.logs(f"node-{i}").encode()) for i in range(6)}) > 1
+    seed.close()
 
     async def body() -> None:
         client = JobClient(url, job)
@@ -312,6 +321,25 @@ def test_follow_through_a_cluster_ends_when_cancelled_at_random_moments(cluster,
                 done, _ = await asyncio.wait({task}, timeout=BLOCK_MS / 1000 + 5)
                 assert done, f"cancellation {i} was lost: follow ran on"
             assert await client.meta() == {}, "the client still answers after the cancellations"
+            # ... and follows every slot's streams again: a new line on each is read.
+            seen: set[int] = set()
+
+            async def after() -> None:
+                async for piece in client.follow_many():
+                    seen.update(b.rank for b in piece
+                                if isinstance(b, LogBatch) and b.lines == ["after"])
+                    if len(seen) == 6:
+                        return
+
+            _, logs = await client.history(max_events=0)  # the cursors: follow goes on after
+            assert len(logs) == 6
+            task = asyncio.ensure_future(after())
+            writer = make_client(url)
+            for i in range(6):
+                writer.xadd(keys.logs(f"node-{i}"), encode_log_batch(
+                    LogBatch(f"node-{i}", i, 0, 0, "out", 2, ["after"])))
+            writer.close()
+            await asyncio.wait_for(task, 15)
         finally:
             await client.close()
 
