@@ -72,7 +72,7 @@ STACKS_MAXLEN = 10_000
 #: this many slots, hence cluster masters, for its logs; a cluster reader makes one XREAD per
 #: tag. Shard ``s``'s tag lands in the ``s``-th sixteenth of the cluster's 16,384 slots, so
 #: masters that split the slots evenly (what ``redis-cli --cluster create`` does) get an even
-#: share of the shards: 5, 6 and 5 of 16 with three masters.
+#: share of the shards: 5 or 6 of 16 each with three masters.
 LOG_SHARDS = 16
 CLUSTER_SLOTS = 16384
 #: The shard part of a log stream's tag as readers accept it (``JOB/<this>``).
