@@ -39,10 +39,12 @@ from elastic_agent.coordination.connection import (
 )
 from elastic_agent.coordination.protocol import (
     JOBS_INDEX,
+    LOG_SHARDS,
     EventType,
     JobKeys,
     LogBatch,
     encode_log_batch,
+    log_shard_tags,
 )
 from elastic_agent.coordination.torch_compat import TorchRedisStore
 from elastic_agent.supervision.logs import NodeLogs, WorkerLogs, make_logs_drop_marker
@@ -453,3 +455,29 @@ def test_a_jobs_log_streams_spread_over_the_masters_and_every_reader_follows_the
     finally:
         asyncio.run(fleet.close())
         r.close()
+
+
+def test_log_stream_names_spread_over_slot_ranges_and_readers_accept_only_the_jobs():
+    """No cluster needed: the 16 tags of a job cover the 16 ranges of slots (so masters that
+    split the slots evenly share them evenly), nodes spread over the tags, and the name check
+    readers apply to the job's set accepts this job's streams only (``rm`` deletes them)."""
+    keys = JobKeys("job-42")
+    tags = log_shard_tags("job-42")
+    assert [key_slot(f"x{{{t}}}".encode()) // 1024 for t in tags] == list(range(LOG_SHARDS))
+    assert {t.split("/")[0] for t in tags} == {"job-42"}
+    streams = [keys.logs(f"host-{i}-{i * 7919:06x}") for i in range(256)]
+    per_tag = [sum(key_slot(s.encode()) // 1024 == t for s in streams) for t in range(16)]
+    assert min(per_tag) > 0 and max(per_tag) < 3 * 256 / 16, per_tag
+    meta = key_slot(keys.meta.encode())
+    assert all(key_slot(s.encode()) != meta for s in streams)
+    assert all(keys.is_log_stream(s) for s in streams)
+    assert keys.is_log_stream(keys.legacy_logs("old-node"))
+    for foreign in ["elastic:log:{job-4/1}:n", "elastic:log:{job-421/1}:n",
+                    "elastic:log:{job-42}:n", "elastic:log:{job-42/}:n",
+                    "elastic:log:{job-42/1}:", "elastic:log:{job-42/1:n",
+                    "elastic:log:{job-42/a b}:n", "elastic:{job-42}:meta",
+                    "elastic:{job-42}:logs:", "elastic:{job-421}:logs:n", "foreign-key",
+                    "elastic:log:{job-42/1}:" + "n" * 257, JobKeys("job-421").logs("n")]:
+        assert not keys.is_log_stream(foreign), foreign
+    assert keys.streams_elsewhere([s.encode() for s in streams[:3]]
+                                  + [keys.legacy_logs("x"), "foreign-key"]) == sorted(streams[:3])
