@@ -199,6 +199,7 @@ class JobClient:
         # streams with its own XREAD, pending ones kept here by slot (see _xread).
         self._cluster = is_cluster(self._reader)
         self._reads: dict[int, asyncio.Future[Any]] = {}
+        self._slots: dict[str, int] = {}  # stream key -> its slot (as many as the streams)
 
     # -- plumbing ----------------------------------------------------------------------------
     @property
@@ -728,8 +729,12 @@ class JobClient:
         # (a connection closed under another's handshake): set it up before they start.
         await self._reader.initialize()
         groups: dict[int, dict[str, str]] = {}
+        slots = self._slots
         for key, last in ids.items():
-            groups.setdefault(key_slot(key.encode()), {})[key] = last
+            slot = slots.get(key)
+            if slot is None:  # a CRC16 per key and read adds up at 4,096 streams and 50 Hz
+                slot = slots[key] = key_slot(key.encode())
+            groups.setdefault(slot, {})[key] = last
         for slot, group in groups.items():
             if slot not in self._reads:
                 self._reads[slot] = asyncio.ensure_future(
