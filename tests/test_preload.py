@@ -16,7 +16,6 @@ import os
 import re
 import signal
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -27,6 +26,7 @@ from elastic_agent.supervision.logs import LogConfig, NodeLogs, Std
 from elastic_agent.supervision.workers import GroupResult, RankAssignment, WorkerGroup, WorkerSpec
 from tests.agents import SCRIPTS, Agent, wait_until
 from tests.test_process_tree import DEATH_BUDGET, describe, kill_all, start_tree, survivors
+from tests.waiting import wait_until_async
 
 PRELOAD = SCRIPTS / "preload"
 PROBE = PRELOAD / "probe.py"
@@ -54,9 +54,8 @@ async def run_group(tmp: Path, entrypoint: list[str], preload: tuple[str, ...],
             await group.start(assignment(attempt))
             await asyncio.wait_for(group.wait(), 60)
             # A failing rank settles the group: let every rank finish before the stop.
-            deadline = time.monotonic() + 60
-            while len(group.exits) < NPROC and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
+            await wait_until_async(lambda: len(group.exits) >= NPROC, 60,
+                                   "every rank's exit")
             results.append(GroupResult(group.state, exits=tuple(group.exits)))
             await group.stop()
     finally:
@@ -229,10 +228,10 @@ def test_sigkilled_agent_takes_its_forked_workers_and_zygotes(redis_url, job_id,
         procs += [z for z in forks if z not in procs]
         os.kill(agent.pid, signal.SIGKILL)
         agent.wait(10)
-        deadline = time.monotonic() + DEATH_BUDGET
-        while survivors(procs) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert survivors(procs) == [], describe(survivors(procs))
+        try:
+            wait_until(lambda: not survivors(procs), DEATH_BUDGET, "every process to die")
+        except AssertionError:
+            raise AssertionError(describe(survivors(procs))) from None
     finally:
         kill_all(procs)
         agent.kill()

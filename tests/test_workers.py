@@ -284,6 +284,9 @@ async def test_stale_error_file_is_deleted_at_start(tmp_path: Path) -> None:
     async with Group(spec) as group:
         await group.start(assignment())
         result = await asyncio.wait_for(group.wait(), 10)
+    # The worker wrote no error file, so none is there now: the earlier run's was removed.
+    assert not stale.exists()
+    assert result.failures[0].error_file is None
     assert result.failures[0].message == "exit code 2"
 
 

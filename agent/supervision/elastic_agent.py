@@ -60,7 +60,8 @@ from ..coordination.rendezvous import (
 )
 from ..coordination.store import RedisStore, StoreTimeoutError, barrier
 from ..coordination.text import terminal_line
-from .commands import CommandReader, Rejected
+from . import pages
+from .commands import CommandReader, Rejected, stacks_limit, stacks_refused
 from .config import AgentConfig
 from .events import EventSink, ResourceSampler
 from .fence import Fence
@@ -187,6 +188,7 @@ class ElasticAgent:
         self.stacks = StackCollector(self.group, self._client, config.job_id, self.node_id,
                                      self.host)
         self._stack_tasks: set[asyncio.Task[None]] = set()
+        self._stacks_limit = stacks_limit()
         self._evidence: dict[str, Any] | None = None
         self.sampler = ResourceSampler(self._client, config.job_id, self.node_id)
         self.records = JobRecords(self._client, config.job_id, self.node_logs.stream_key)
@@ -207,6 +209,7 @@ class ElasticAgent:
         self._actions: asyncio.Queue[Command] = asyncio.Queue()
         self._restarts_used = 0
         self.root_cause: dict[str, Any] | None = None
+        self._members_seen: dict[tuple[str, int], bool] = {}
 
     # -- terminal -------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -322,13 +325,13 @@ class ElasticAgent:
             self.say(f"round {p.round} is running without this node; waiting for the next "
                      f"round (join timeout in {p.join_left:.0f} s)")
             return
-        need = max(0, p.min_nodes - len(p.joined))
-        parts = [f"round {p.round}: {len(p.joined)} of {p.min_nodes}..{p.max_nodes} nodes "
+        need = max(0, p.min_nodes - p.joined_count)
+        parts = [f"round {p.round}: {p.joined_count} of {p.min_nodes}..{p.max_nodes} nodes "
                  f"joined"]
         if need:
             parts.append(f"waiting for {need} more")
-        if p.missing:
-            parts.append("missing: " + ", ".join(p.missing))
+        if p.missing_count:
+            parts.append(f"{p.missing_count} of the previous round's nodes not back yet")
         if p.last_call_left is not None:
             parts.append(f"last call ends in {p.last_call_left:.0f} s")
         parts.append(f"join timeout in {p.join_left:.0f} s")
@@ -372,10 +375,8 @@ class ElasticAgent:
             self.keys.restarts)
         self._restarts_used = restarts
         self.records.note_restarts(restarts)
-        info = result.info
-        world = info.total_workers or self.cfg.nproc * result.group_world_size
-        base = info.base_rank(result.group_rank) if info.total_workers else (
-            result.group_rank * self.cfg.nproc)
+        world = result.total_workers or self.cfg.nproc * result.group_world_size
+        base = result.base_rank if result.total_workers else result.group_rank * self.cfg.nproc
         master_addr, master_port = result.master_addr, result.master_port
         static = self.cfg.static
         if static is not None:
@@ -389,7 +390,7 @@ class ElasticAgent:
             group_rank=result.group_rank, group_world_size=result.group_world_size,
             world_size=world, base_rank=base, master_addr=master_addr,
             master_port=master_port, restart_count=restarts, attempt=self._attempt)
-        self._round = _Round(result, self._attempt, restarts, info.completed_ms, world)
+        self._round = _Round(result, self._attempt, restarts, result.completed_ms, world)
         if self.records.created_ms is None:
             created = await self._redis("reading the job's creation time", lambda: (
                 self._client.hget(self.keys.meta, "created_ms")))
@@ -409,13 +410,14 @@ class ElasticAgent:
         when Redis lost it)."""
         assert self._round is not None
         result = self._round.result
-        if result.group_rank == 0:
+        info = self.rdzv.last_round_info  # group rank 0 alone holds the whole round
+        if result.group_rank == 0 and info is not None:
             self.events.emit(EventType.RENDEZVOUS_COMPLETE, round=result.round,
                              world_size=self._round.world_size,
                              group_world_size=result.group_world_size,
                              nodes=[{"node": n["node"], "host": n["host"],
                                      "group_rank": n["group_rank"], "nproc": n.get("nproc", 0)}
-                                    for n in result.info.nodes], **extra)
+                                    for n in info.nodes], **extra)
 
     def _announce_workers(self, **extra: Any) -> None:
         assert self._round is not None
@@ -477,9 +479,7 @@ class ElasticAgent:
             await asyncio.get_running_loop().create_future()  # off: never
         assert self.stall is not None and self._round is not None
         r = self._round
-        return await self.stall.watch(r.result.round, r.started_ms,
-                                      [n["node"] for n in r.result.info.nodes],
-                                      lambda: self.group.workers)
+        return await self.stall.watch(r.result.round, r.started_ms, lambda: self.group.workers)
 
     def _restart_still_due(self, cmd: Command) -> bool:
         # A restart issued before the current round formed has been done already (another
@@ -516,7 +516,7 @@ class ElasticAgent:
                     return Outcome.CLOSED, None
                 if m.round > my_round:
                     return Outcome.REFORM, _NEWER_ROUND
-                if self.node_id in m.members:
+                if m.is_member:
                     self.fence.thaw()  # frozen workers go on if this node's beats get through
                 if self.rdzv.waiting_count(m, include_lost=not in_grace) > 0:
                     why = []
@@ -527,7 +527,8 @@ class ElasticAgent:
                     if m.waiting:
                         why.append("waiting: " + ", ".join(m.waiting))
                     return Outcome.REFORM, "membership changed (" + "; ".join(why) + ")"
-                reply = await self._reader.xread(streams, block=int(interval * 1000))
+                reply = await self._reader.xread(streams, count=pages.PAGE,
+                                                 block=int(interval * 1000))
                 for key, entries in reply or []:
                     streams[key.decode()] = entries[-1][0].decode()
             except Exception as exc:
@@ -655,17 +656,15 @@ class ElasticAgent:
         fallback = _failure_dict(local, self.node_id, self.host) if local else {}
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.publisher.flush(), timeout=3.0)
-        try:
-            entries = await self._client.xrange(
-                self.keys.events, min=f"{self._round.started_ms}-0", max="+")
-        except (redis.RedisError, OSError):
-            return fallback
+        # A page at a time (pages.py), never the whole round at once: anyone who can write
+        # the event stream can make each entry a megabyte. The earliest failure ends the read.
+        entries = pages.forward(self._client, self.keys.events, f"{self._round.started_ms}-0")
         # Only a member of this round can be its root cause: anyone who can write the event
         # stream could otherwise name a failure of their own choosing.
-        members = {n["node"] for n in self._round.result.info.nodes}
-        for entry_id, fields in entries:
+        async for entry_id, fields in pages.until_unreachable(entries):
             ev = protocol.decode_event(entry_id, fields)
-            if ev is None or ev.type != EventType.WORKER_EXITED or ev.node not in members:
+            if (ev is None or ev.type != EventType.WORKER_EXITED
+                    or not await self._member(ev.node, self._round.result.round)):
                 continue
             d = ev.data
             if (type(d.get("exit_code")) is not int or d["exit_code"] == 0 or d.get("stopping")
@@ -769,13 +768,12 @@ class ElasticAgent:
         the job ended. The event comes before the failing node opens the next round (it
         first stops its workers and finds the root cause), so waiting nodes move at once."""
         assert self._round is not None
-        members = {n["node"] for n in r.info.nodes}
         since = self._round.started_ms
         last = f"{max(0, since - 1)}-0"  # XREAD is exclusive: start just before the round
         while True:
             raise_if_cancelled()
             try:
-                reply = await self._reader.xread({self.keys.events: last}, count=1000,
+                reply = await self._reader.xread({self.keys.events: last}, count=pages.PAGE,
                                                  block=1000)
             except (redis.RedisError, OSError) as exc:
                 log.debug("exit barrier event watch: %s", exc)
@@ -787,7 +785,8 @@ class ElasticAgent:
                     ev = protocol.decode_event(entry_id, fields)
                     # Only a member of this round speaks for it (anyone who can write the
                     # event stream could otherwise send every node away from the barrier).
-                    if ev is None or ev.node not in members or ev.server_ms < since:
+                    if (ev is None or ev.server_ms < since
+                            or not await self._member(ev.node, r.round)):
                         continue
                     if ev.type == EventType.GROUP_FAILED and ev.data.get("round") == r.round:
                         return Outcome.REFORM, _FailedElsewhere(ev.node, ev.data.get("root_cause"))
@@ -824,17 +823,31 @@ class ElasticAgent:
 
     async def _last_root_cause(self) -> dict[str, Any] | None:
         with contextlib.suppress(redis.RedisError, OSError):
-            for entry_id, fields in await self._client.xrevrange(self.keys.events, count=500):
+            async for entry_id, fields in pages.backward(self._client, self.keys.events,
+                                                         limit=500):
                 ev = protocol.decode_event(entry_id, fields)
                 if ev is None or ev.type not in (EventType.JOB_FAILED, EventType.GROUP_FAILED):
                     continue
-                if self._round is not None and ev.node not in {
-                        n["node"] for n in self._round.result.info.nodes}:
+                if self._round is not None and not await self._member(
+                        ev.node, self._round.result.round):
                     continue
                 cause = ev.data.get("root_cause")
                 if isinstance(cause, dict):
                     return cause
         return None
+
+    async def _member(self, node: str, round_: int) -> bool:
+        """Whether ``node`` is a member of round ``round_``: one HGET of its assignment, so
+        that checking who speaks for a round never reads the whole round (O(N) bytes)."""
+        key = (node, round_)
+        known = self._members_seen.get(key)
+        if known is None:
+            raw = await self._client.hget(self.keys.rdzv_assign, node)
+            known = bool(raw) and raw.split(b" ", 1)[0] == str(round_).encode()
+            if len(self._members_seen) > 4096:
+                self._members_seen.clear()
+            self._members_seen[key] = known
+        return known
 
     async def _claim(self, field: str) -> bool:
         """True for exactly one agent of the job per ``field``: the one that reports it."""
@@ -868,7 +881,8 @@ class ElasticAgent:
         """Acts on the job's commands for the agent's whole life: the loop is restarted, and
         says so, should anything escape it."""
         reader = CommandReader(self._reader, self.cfg.job_id)
-        await keep_running("command reader", lambda: self._command_loop(reader), self.say)
+        await keep_running("command reader", lambda: self._command_loop(reader), self.say,
+                           progress=lambda: reader.handled)
 
     async def _command_loop(self, reader: CommandReader) -> None:
         async for cmd in reader:
@@ -882,6 +896,9 @@ class ElasticAgent:
 
     async def _handle_command(self, cmd: Command) -> None:
         if cmd.type == CommandType.STACKS:
+            if wait := self._stacks_limit.take():
+                self._ack(cmd.id, "rejected", stacks_refused(wait))
+                return
             # Read-only and up to 2 s: answered beside the command loop, which stays free
             # for a stop that comes meanwhile.
             task = asyncio.create_task(self._answer_stacks(cmd), name="stacks")
