@@ -54,19 +54,26 @@ def mb(n: float) -> str:
 
 
 def kind(key: str, job: str) -> str:
-    rest = key[len(JobKeys(job).prefix):]
-    if rest == "events":
+    keys = JobKeys(job)
+    if key == keys.events:
         return "events"
-    if rest == "logs" or rest.startswith("logs:"):
+    if key == keys.log_streams or keys.is_log_stream(key):
         return "logs"
     return "coordination"
+
+
+def job_keys(r: redis.Redis, job: str) -> list[str]:
+    """Every key of ``job``: its slot's (SCAN) and its log streams (outside that slot, listed
+    in the job's set)."""
+    keys = JobKeys(job)
+    return ([k.decode() for k in r.scan_iter(match=keys.all_key_patterns()[0], count=1000)]
+            + keys.streams_elsewhere(r.smembers(keys.log_streams)))
 
 
 def weigh(r: redis.Redis, job: str) -> dict[str, tuple[int, int]]:
     """kind -> (keys, bytes) of every key of ``job``."""
     out: dict[str, tuple[int, int]] = {}
-    for raw in r.scan_iter(match=JobKeys(job).all_key_patterns()[0], count=1000):
-        key = raw.decode()
+    for key in job_keys(r, job):
         used = int(r.memory_usage(key, samples=0) or 0)
         n, b = out.get(kind(key, job), (0, 0))
         out[kind(key, job)] = (n + 1, b + used)
@@ -106,16 +113,24 @@ def log_stream_at_retention(r: redis.Redis, lines_per_entry: int) -> int:
 
 
 def copy_jobs(r: redis.Redis, template: str, n: int) -> list[str]:
-    keys = [k.decode() for k in r.scan_iter(match=JobKeys(template).all_key_patterns()[0])]
-    dumps = {k[len(JobKeys(template).prefix):]: r.dump(k) for k in keys}
-    created = int(r.hget(JobKeys(template).meta, "created_ms") or 0)
+    tk = JobKeys(template)
+    keys = job_keys(r, template)
+    dumps = {k[len(tk.prefix):]: r.dump(k) for k in keys if k.startswith(tk.prefix)}
+    # A log stream outside the slot is named by its node: the copy's name has the copy's tag.
+    streams = {k.split("}:", 1)[1]: r.dump(k) for k in keys if not k.startswith(tk.prefix)}
+    created = int(r.hget(tk.meta, "created_ms") or 0)
     jobs = []
     for i in range(n):
         job = f"bench-{i:04d}-{uuid.uuid4().hex[:6]}"
-        prefix = JobKeys(job).prefix
+        jk = JobKeys(job)
         pipe = r.pipeline(transaction=False)
         for suffix, blob in dumps.items():
-            pipe.restore(prefix + suffix, 0, blob)
+            pipe.restore(jk.prefix + suffix, 0, blob)
+        if streams:
+            pipe.delete(jk.log_streams)
+            pipe.sadd(jk.log_streams, *(jk.logs(node) for node in streams))
+        for node, blob in streams.items():
+            pipe.restore(jk.logs(node), 0, blob)
         pipe.zadd(JOBS_INDEX, {job: created + i})
         pipe.execute()
         jobs.append(job)

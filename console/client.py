@@ -16,6 +16,10 @@ Reading contract (FIELD-NOTES: ``$`` can skip entries, a reader must re-send its
 * :meth:`follow` passes the last id it saw for every stream on every ``XREAD``, ``0-0`` for a
   log stream discovered later (so its first lines are not skipped), and never ``$``. After an
   outage it re-sends the same ids: no gap, no duplicate.
+* A job's log streams are found through the job's set of them (``JobKeys.log_streams``),
+  never by SCAN: they live outside the job's slot (``JobKeys.logs``). On a cluster,
+  :meth:`follow` makes one blocking XREAD per slot its streams are in (at most 17: the job's
+  and 16 log tags), each on its own connection; on one server, one XREAD as before.
 
 Every message names the endpoint by ``Endpoint.display`` (password redacted). Connection
 problems surface as :class:`~elastic_agent.coordination.connection.RedisUnavailableError` with a
@@ -38,6 +42,7 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.crc import key_slot
 from redis.exceptions import NoPermissionError
 
 from elastic_agent.coordination.connection import (
@@ -45,7 +50,9 @@ from elastic_agent.coordination.connection import (
     RedisUnavailableError,
     execute_on_node_of,
     explain_error,
+    give_key_ttls,
     give_ttls,
+    is_cluster,
     make_async_client,
     parse_endpoint,
     raise_if_cancelled,
@@ -208,6 +215,11 @@ class JobClient:
         self._reported_skips = 0
         self._refresh_due = False  # an event announced a node: re-read the log streams set
         self._sent: dict[str, str] = {}  # command id -> its entry id on the command stream
+        # On a cluster a job's streams are in several slots: follow() reads each slot's
+        # streams with its own XREAD, pending ones kept here by slot (see _xread).
+        self._cluster = is_cluster(self._reader)
+        self._reads: dict[int, asyncio.Future[Any]] = {}
+        self._slots: dict[str, int] = {}  # stream key -> its slot (as many as the streams)
 
     # -- plumbing ----------------------------------------------------------------------------
     @property
@@ -390,6 +402,8 @@ class JobClient:
         if not await self._client.set(keys.lost_sweep, "1", nx=True, px=min(60_000, ttl)):
             return
         await give_ttls(self._client, keys.all_key_patterns()[0], ttl)
+        # Its log streams are elsewhere (on a cluster, other masters): the set lists them.
+        await give_key_ttls(self._client, await self._listed_streams(keys), ttl)
 
     async def live_agents(self) -> int:
         """How many of the job's agents sent a heartbeat within the job's heartbeat timeout
@@ -403,16 +417,31 @@ class JobClient:
     async def remove(self) -> int:
         """Delete every key of the job and its index entry; return how many keys went.
 
-        Keys are found by SCAN (every key of a job shares its prefix, whatever wrote it)."""
+        Keys are found by SCAN (every key in the job's slot shares its prefix, whatever wrote
+        it), its log streams, in other slots, through the job's set of them (read first: the
+        set is one of the keys the SCAN removes)."""
         k = self.keys
         n = 0
         with self._errors():
+            streams = await self._listed_streams(k)
+            for i in range(0, len(streams), 1000):
+                # A cluster client splits a many-key UNLINK per slot.
+                n += int(await self._client.unlink(*streams[i:i + 1000]))
             for pattern in k.all_key_patterns():
                 # On a cluster: on the node that owns the job's slot.
                 async for keys in scan_batches(self._client, pattern, 1000):
                     n += int(await self._client.unlink(*keys))
             await self._client.zrem(JOBS_INDEX, k.job_id)
         return n
+
+    async def _listed_streams(self, keys: JobKeys) -> list[str]:
+        """The job's log streams outside its slot, as the job's set lists them."""
+        try:
+            return keys.streams_elsewhere(await self._client.smembers(keys.log_streams))
+        except redis.ResponseError as exc:
+            if not _is_wrongtype(exc):
+                raise
+            return []  # not a set: nothing to follow (the SCAN still covers the job's slot)
 
     async def liveness(self) -> tuple[int | None, int]:
         """The newest heartbeat of any of the job's agents (server ms; None if there is none)
@@ -564,13 +593,12 @@ class JobClient:
         if isinstance(raw, Exception):
             self._refused(self.keys.log_streams, raw)
             return []
-        prefix = self.keys.logs("")
         names = []
         for member in raw or ():
             name = _s(member)
             if name in self._bad_keys:
                 continue
-            if not name.startswith(prefix) or len(name) > len(prefix) + 256:
+            if not self.keys.is_log_stream(name):
                 self._bad_keys.add(name)
                 self.skipped += 1
                 continue
@@ -606,16 +634,15 @@ class JobClient:
 
     async def _recheck_bad_keys(self) -> None:
         # A repaired key (deleted, or a stream again) is read again; a foreign name stays out.
-        prefix = self.keys.prefix
-        candidates = [k for k in self._bad_keys if k.startswith(prefix)]
+        candidates = [k for k in self._bad_keys
+                      if k == self.keys.events or self.keys.is_log_stream(k)]
         if not candidates:
             return
         pipe = self._client.pipeline(transaction=False)
         for key in candidates:
             pipe.type(key)
         for key, kind in zip(candidates, await pipe.execute()):
-            if _s(kind) in ("stream", "none") and (
-                    key == self.keys.events or key.startswith(self.keys.logs(""))):
+            if _s(kind) in ("stream", "none"):
                 self._bad_keys.discard(key)
 
     async def _drop_wrong_types(self, keys: list[str]) -> None:
@@ -710,6 +737,13 @@ class JobClient:
         """The raw XREAD replies of :meth:`follow` (non-empty lists of ``[key, entries]``),
         and a :class:`ConnectionChange` when Redis goes away or comes back. Reads after the
         cursor, which the caller moves."""
+        try:
+            async for reply in self._replies_of(logs):
+                yield reply
+        finally:
+            self._cancel_reads()
+
+    async def _replies_of(self, logs: bool) -> AsyncIterator[Any]:
         k = self.keys
         connected = True
         backoff = BACKOFF_START
@@ -745,7 +779,7 @@ class JobClient:
                         await asyncio.sleep(wait)  # let entries gather (READ_INTERVAL_S)
                     last_read = time.monotonic()
                     if ids:
-                        reply = await self._reader.xread(ids, count=READ_COUNT, block=BLOCK_MS)
+                        reply = await self._xread(ids)
                     else:  # every key refused: wait for a refresh to find a readable one
                         await asyncio.sleep(STREAMS_REFRESH_S)
                         next_refresh = 0.0
@@ -758,6 +792,7 @@ class JobClient:
                 except redis.RedisError as exc:
                     raise self._explain(exc) from None
             if failure is not None:
+                self._cancel_reads()
                 if connected:
                     connected = False
                     yield ConnectionChange(False, str(self._explain(failure)))
@@ -766,6 +801,52 @@ class JobClient:
                 continue
             if reply:
                 yield reply
+
+    async def _xread(self, ids: dict[str, str]) -> list[Any]:
+        """One ``XREAD BLOCK`` over ``ids``; on a cluster, one per hash slot the keys are in
+        (Redis refuses a multi-key command across slots, even on one node): the job's slot
+        (events, old-shape log streams) and each tag of its log streams (at most
+        ``LOG_SHARDS`` + 1 reads, each on its own connection to the slot's master). Returns
+        when any of them has entries; the others stay pending, with their ids, for the next
+        call (no other read names their keys, so their cursors cannot move meanwhile)."""
+        if not self._cluster:
+            reply = await self._reader.xread(ids, count=READ_COUNT, block=BLOCK_MS)
+            return reply or []
+        # Concurrent first commands of an uninitialized cluster client raced its set-up
+        # (a connection closed under another's handshake): set it up before they start.
+        await self._reader.initialize()
+        groups: dict[int, dict[str, str]] = {}
+        slots = self._slots
+        for key, last in ids.items():
+            slot = slots.get(key)
+            if slot is None:  # a CRC16 per key and read adds up at 4,096 streams and 50 Hz
+                slot = slots[key] = key_slot(key.encode())
+            groups.setdefault(slot, {})[key] = last
+        for slot, group in groups.items():
+            if slot not in self._reads:
+                self._reads[slot] = asyncio.ensure_future(
+                    self._reader.xread(group, count=READ_COUNT, block=BLOCK_MS))
+        done, _ = await asyncio.wait(self._reads.values(), return_when=asyncio.FIRST_COMPLETED)
+        out: list[Any] = []
+        failure: BaseException | None = None
+        for slot, task in list(self._reads.items()):
+            if task in done:
+                del self._reads[slot]
+                if task.exception() is not None:
+                    failure = failure or task.exception()
+                else:
+                    out += task.result() or []
+        if failure is not None:
+            self._cancel_reads()  # an outage: every read starts again from its ids
+            raise failure
+        return out
+
+    def _cancel_reads(self) -> None:
+        """Abandon the pending per-slot reads of :meth:`_xread` (their entries were not
+        yielded: the cursors did not move, the next read asks for them again)."""
+        for task in self._reads.values():
+            task.cancel()
+        self._reads.clear()
 
     # -- commands ----------------------------------------------------------------------------
     async def send_command(self, type: str, args: dict[str, Any] | None = None,

@@ -3,6 +3,8 @@ does not own the job's slot (as a user of ``redis-cli -c`` would name any node).
 
 * Two agents run a job through it with the console attached (the Textual app, then the CLI's
   restart, status, logs, events, ls and rm), and retention finds the job's keys on their node.
+* A job's log streams spread over the masters (``elastic:log:{JOB/TAG}:NODE``), and every
+  reader (the console's client, ``logs``, retention, ``rm``) follows them there.
 * TorchRedisStore across two processes, and the ``redis`` torchrun rendezvous handler.
 * The endpoint forms: auto-detected ``redis://``, explicit ``redis+cluster://``, and the hint
   a cluster node gives a client that took it for a single server.
@@ -11,6 +13,7 @@ does not own the job's slot (as a user of ``redis-cli -c`` would name any node).
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import random
@@ -25,85 +28,37 @@ import redis
 from redis.crc import key_slot
 from textual.pilot import Pilot
 
+from elastic_agent.coordination import protocol
 from elastic_agent.coordination.connection import (
     EndpointError,
     explain_error,
     is_cluster,
+    make_async_client,
     make_client,
     parse_endpoint,
 )
-from elastic_agent.coordination.ports import port_is_free
-from elastic_agent.coordination.protocol import JOBS_INDEX, EventType, JobKeys
+from elastic_agent.coordination.protocol import (
+    JOBS_INDEX,
+    LOG_SHARDS,
+    EventType,
+    JobKeys,
+    LogBatch,
+    encode_log_batch,
+    log_shard_tags,
+)
 from elastic_agent.coordination.torch_compat import TorchRedisStore
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.logs import NodeLogs, WorkerLogs, make_logs_drop_marker
+from elastic_agent.supervision.publisher import StreamPublisher
+from elastic_agent.supervision.retention import JobRetention
 from elastic_console.app import ConsoleApp
 from elastic_console.client import BLOCK_MS, JobClient
 from tests.agents import SCRIPTS, Agent
+from tests.cluster import Cluster, cluster_port
 from tests.test_agent import FAST, agent_args, of_type, worker_pids
 from tests.test_console_app import loaded, run, ticks
 from tests.waiting import wait_until, wait_until_async
 
 CONSOLE = [sys.executable, "-m", "elastic_console.cli"]
-SLOTS = 16384
-
-
-def _cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free and exists as well."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, 55000)
-        if port_is_free(port) and port_is_free(port + 10000):
-            return port
-    raise AssertionError("no free port pair for a cluster node")
-
-
-class Cluster:
-    """Three masters, node ``i`` owning slots ``[starts[i], starts[i + 1])``."""
-
-    def __init__(self) -> None:
-        self.nodes = [RedisServer(port=_cluster_port(), extra_args=["--cluster-enabled", "yes",
-                                              "--cluster-config-file", "nodes.conf",
-                                              "--cluster-node-timeout", "5000"])
-                      for _ in range(3)]
-        self.starts = [0, 5461, 10923, SLOTS]
-
-    def start(self) -> Cluster:
-        for node in self.nodes:
-            node.start()
-        clients = [redis.Redis(port=n.port, protocol=2) for n in self.nodes]
-        try:
-            # What `redis-cli --cluster create ... --cluster-replicas 0` does, without
-            # needing redis-cli: each node takes its slots, then they meet.
-            for i, c in enumerate(clients):
-                c.execute_command("CLUSTER", "ADDSLOTS",
-                                  *range(self.starts[i], self.starts[i + 1]))
-            for c in clients[1:]:
-                c.execute_command("CLUSTER", "MEET", "127.0.0.1", self.nodes[0].port)
-
-            def ready() -> bool:
-                for c in clients:
-                    info = c.execute_command("CLUSTER", "INFO").decode()
-                    if ("cluster_state:ok" not in info or "cluster_known_nodes:3" not in info
-                            or len(c.execute_command("CLUSTER", "SLOTS")) != 3):
-                        return False
-                return True
-
-            wait_until(ready, 30, "the cluster to form")
-        finally:
-            for c in clients:
-                c.close()
-        return self
-
-    def url(self, i: int) -> str:
-        return self.nodes[i].url
-
-    def owner(self, key: str) -> int:
-        slot = key_slot(key.encode())
-        return next(i for i in range(3) if self.starts[i] <= slot < self.starts[i + 1])
-
-    def cleanup(self) -> None:
-        for node in self.nodes:
-            node.cleanup()
 
 
 @pytest.fixture(scope="module")
@@ -205,6 +160,9 @@ def test_a_two_node_job_through_a_cluster_with_the_console_attached(cluster, job
         # Retention scanned the node that owns the job's slot: its keys got their TTL.
         assert 0 < r.pttl(JobKeys(job).meta) <= 7 * 86400 * 1000
         assert r.pttl(JobKeys(job).events) > 0
+        # ... and the log streams, outside that slot, theirs through the job's set.
+        streams = [m.decode() for m in r.smembers(JobKeys(job).log_streams)]
+        assert len(streams) == 2 and all(r.pttl(s) > 0 for s in streams), streams
         p = cli(url, "rm", job)
         assert p.returncode == 0 and p.stdout.startswith(f"removed job {job} ("), p.stdout
         direct = redis.Redis(port=owner.port, protocol=2)
@@ -213,6 +171,7 @@ def test_a_two_node_job_through_a_cluster_with_the_console_attached(cluster, job
         finally:
             direct.close()
         assert r.zscore(JOBS_INDEX, job) is None
+        assert r.exists(*streams) == 0
     finally:
         for o in others:
             o.config_set("maxmemory-policy", "noeviction")
@@ -291,7 +250,7 @@ def test_endpoint_forms(cluster, redis_url, job_id):
     said = str(explain_error(caught.value, cluster.url(0)))
     assert "MOVED" in said and "redis+cluster://" in said, said
     # An explicit cluster nobody answers for: one clear line, as for a single server.
-    gone = f"redis+cluster://127.0.0.1:{_cluster_port()}"
+    gone = f"redis+cluster://127.0.0.1:{cluster_port()}"
     p = cli(gone, "ls")
     assert p.returncode == 1 and p.stderr.startswith("elastic-console: error: cannot reach Redis"), (
         p.stderr)
@@ -348,6 +307,15 @@ def test_follow_through_a_cluster_ends_when_cancelled_at_random_moments(cluster,
     follow cancelled at any moment ends, and the next one still reads."""
     url = cluster.url(0)
     job = elsewhere(cluster, job_id)
+    # Log streams in several slots: each cancellation lands among per-slot reads.
+    keys = JobKeys(job)
+    seed = make_client(url)
+    for i in range(6):
+        stream = keys.logs(f"node-{i}")
+        seed.xadd(stream, encode_log_batch(LogBatch(f"node-{i}", i, 0, 0, "out", 1, ["x"])))
+        seed.sadd(keys.log_streams, stream)
+    assert len({key_slot(keys.logs(f"node-{i}").encode()) for i in range(6)}) > 1
+    seed.close()
 
     async def body() -> None:
         client = JobClient(url, job)
@@ -365,7 +333,161 @@ def test_follow_through_a_cluster_ends_when_cancelled_at_random_moments(cluster,
                 done, _ = await asyncio.wait({task}, timeout=BLOCK_MS / 1000 + 5)
                 assert done, f"cancellation {i} was lost: follow ran on"
             assert await client.meta() == {}, "the client still answers after the cancellations"
+            # ... and follows every slot's streams again: a new line on each is read.
+            seen: set[int] = set()
+
+            async def after() -> None:
+                async for piece in client.follow_many():
+                    seen.update(b.rank for b in piece
+                                if isinstance(b, LogBatch) and b.lines == ["after"])
+                    if len(seen) == 6:
+                        return
+
+            _, logs = await client.history(max_events=0)  # the cursors: follow goes on after
+            assert len(logs) == 6
+            task = asyncio.ensure_future(after())
+            writer = make_client(url)
+            for i in range(6):
+                writer.xadd(keys.logs(f"node-{i}"), encode_log_batch(
+                    LogBatch(f"node-{i}", i, 0, 0, "out", 2, ["after"])))
+            writer.close()
+            await asyncio.wait_for(task, 15)
         finally:
             await client.close()
 
     asyncio.run(body())
+
+
+# -- a job's log streams over the cluster's masters -------------------------------------------
+
+SPREAD_NODES = 12
+
+
+class _Fleet:
+    """Simulated nodes of one job, each with the agent's real log pipeline (``NodeLogs`` and a
+    ``StreamPublisher`` of its own, through the cluster): one worker each, fed lines by hand."""
+
+    def __init__(self, url: str, job: str, tmp_path: Path) -> None:
+        self.url, self.job, self.tmp_path = url, job, tmp_path
+        self.nodes: list[tuple[StreamPublisher, NodeLogs, WorkerLogs]] = []
+
+    async def start(self, n: int) -> None:
+        for i in range(n):
+            node = f"node-{i}"
+            pub = StreamPublisher(self.url, make_drop_marker=make_logs_drop_marker(self.job, node))
+            await pub.start()
+            logs = NodeLogs(publisher=pub, job_id=self.job, node_id=node,
+                            stdout=io.BytesIO(), stderr=io.BytesIO())
+            worker = logs.open_worker(directory=self.tmp_path / node, role="w", rank=i,
+                                      local_rank=0, attempt=0)
+            self.nodes.append((pub, logs, worker))
+
+    def say(self, text: str) -> None:
+        for i, (_, _, worker) in enumerate(self.nodes):
+            worker.feed(protocol.STDOUT, f"{text} from rank {i}\n".encode())
+
+    @property
+    def streams(self) -> list[str]:
+        return [logs.stream_key for _, logs, _ in self.nodes]
+
+    async def close(self) -> None:
+        for pub, _, worker in self.nodes:
+            worker.close()
+            await pub.close()
+
+
+def test_a_jobs_log_streams_spread_over_the_masters_and_every_reader_follows_them(
+        cluster, job_id, tmp_path):
+    """Twelve nodes' log streams land on more than one master, none in the job's slot; the
+    console's client (history and follow), ``logs``, retention (lease and final pass) and
+    ``rm`` find every one of them through the job's set, and an old-shape stream
+    (``elastic:{JOB}:logs:NODE``) named in the set too."""
+    url = cluster.url(0)
+    job = elsewhere(cluster, job_id)
+    keys = JobKeys(job)
+    r = make_client(url)
+    legacy = keys.legacy_logs("old-node")
+    r.xadd(legacy, encode_log_batch(LogBatch("old-node", 99, 0, 0, "out", 1, ["an old line"])))
+    r.sadd(keys.log_streams, legacy)
+    fleet = _Fleet(url, job, tmp_path)
+
+    async def body() -> None:
+        await fleet.start(SPREAD_NODES)
+        fleet.say("history")
+        await wait_until_async(lambda: all(r.xlen(s) for s in fleet.streams), 15,
+                               "every node's first entry")
+        streams = fleet.streams
+        masters = {cluster.owner(s) for s in streams}
+        assert len(masters) > 1, f"every log stream on one master: {streams}"
+        assert not {key_slot(s.encode()) for s in streams} & {key_slot(keys.meta.encode())}
+        assert {m.decode() for m in r.smembers(keys.log_streams)} == {*streams, legacy}
+
+        # The console's client: the history of every node, then lines each node writes
+        # afterwards, followed on every master at once (one XREAD per slot).
+        client = JobClient(url, job)
+        try:
+            _, history = await client.history(max_events=0)
+            assert {b.rank for b in history} == {*range(SPREAD_NODES), 99}
+            seen: set[int] = set()
+
+            async def follow() -> None:
+                async for piece in client.follow_many():
+                    seen.update(b.rank for b in piece if isinstance(b, LogBatch)
+                                and b.lines[0].startswith("live"))
+                    if len(seen) == SPREAD_NODES:
+                        return
+
+            task = asyncio.ensure_future(follow())
+            fleet.say("live")
+            await asyncio.wait_for(task, 20)
+        finally:
+            await client.close()
+
+        # Retention: the lease gives the streams a TTL, the final pass the retention.
+        retention = JobRetention(make_async_client(url), job, "node-0", 3600.0)
+        await retention.expire_all(7200.0, renewal=True)
+        assert all(7000 * 1000 < r.pttl(s) <= 7200 * 1000 for s in streams), (
+            [r.pttl(s) for s in streams])
+        r.hset(keys.meta, mapping={"final_state": "succeeded"})
+        await retention.finish()
+        assert all(0 < r.pttl(s) <= 3600 * 1000 for s in [*streams, legacy])
+
+    try:
+        asyncio.run(body())
+        logs = cli(url, "logs", job, "--tail", "1000")
+        assert logs.returncode == 0, logs.stderr
+        for i in range(SPREAD_NODES):
+            assert f"history from rank {i}" in logs.stdout and f"live from rank {i}" in logs.stdout
+        assert "an old line" in logs.stdout
+        p = cli(url, "rm", job)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert r.exists(*fleet.streams, legacy, keys.log_streams, keys.meta) == 0
+    finally:
+        asyncio.run(fleet.close())
+        r.close()
+
+
+def test_log_stream_names_spread_over_slot_ranges_and_readers_accept_only_the_jobs():
+    """No cluster needed: the 16 tags of a job cover the 16 ranges of slots (so masters that
+    split the slots evenly share them evenly), nodes spread over the tags, and the name check
+    readers apply to the job's set accepts this job's streams only (``rm`` deletes them)."""
+    keys = JobKeys("job-42")
+    tags = log_shard_tags("job-42")
+    assert [key_slot(f"x{{{t}}}".encode()) // 1024 for t in tags] == list(range(LOG_SHARDS))
+    assert {t.split("/")[0] for t in tags} == {"job-42"}
+    streams = [keys.logs(f"host-{i}-{i * 7919:06x}") for i in range(256)]
+    per_tag = [sum(key_slot(s.encode()) // 1024 == t for s in streams) for t in range(16)]
+    assert min(per_tag) > 0 and max(per_tag) < 3 * 256 / 16, per_tag
+    meta = key_slot(keys.meta.encode())
+    assert all(key_slot(s.encode()) != meta for s in streams)
+    assert all(keys.is_log_stream(s) for s in streams)
+    assert keys.is_log_stream(keys.legacy_logs("old-node"))
+    for foreign in ["elastic:log:{job-4/1}:n", "elastic:log:{job-421/1}:n",
+                    "elastic:log:{job-42}:n", "elastic:log:{job-42/}:n",
+                    "elastic:log:{job-42/1}:", "elastic:log:{job-42/1:n",
+                    "elastic:log:{job-42/a b}:n", "elastic:{job-42}:meta",
+                    "elastic:{job-42}:logs:", "elastic:{job-421}:logs:n", "foreign-key",
+                    "elastic:log:{job-42/1}:" + "n" * 257, JobKeys("job-421").logs("n")]:
+        assert not keys.is_log_stream(foreign), foreign
+    assert keys.streams_elsewhere([s.encode() for s in streams[:3]]
+                                  + [keys.legacy_logs("x"), "foreign-key"]) == sorted(streams[:3])

@@ -25,7 +25,9 @@ FAST = "--rdzv-conf=last_call_timeout=1,heartbeat_timeout=2,keep_alive_interval=
 
 
 def _keys(r: redis.Redis, job: str) -> list[bytes]:
-    return list(r.scan_iter(match=JobKeys(job).all_key_patterns()[0], count=1000))
+    """Every key of the job: its slot's, and its log streams (elsewhere: a test may SCAN)."""
+    return [*r.scan_iter(match=JobKeys(job).all_key_patterns()[0], count=1000),
+            *r.scan_iter(match=f"elastic:log:{{{job}/*", count=1000)]
 
 
 def _agent(redis_url: str, job: str, tmp: Path, script: list[str], *extra: str,
@@ -69,6 +71,7 @@ def test_a_finished_job_expires_after_its_retention(redis_url: str, r: redis.Red
     assert agent.wait(60) == 0, agent.output
     keys = _keys(r, job_id)
     assert JobKeys(job_id).meta.encode() in keys and JobKeys(job_id).events.encode() in keys
+    assert any(k.startswith(b"elastic:log:") for k in keys), keys  # its node's log stream
     ttls = {k: r.pttl(k) for k in keys}
     assert all(0 < t <= 6000 for t in ttls.values()), ttls  # every key, whatever wrote it
     listed = _ls(redis_url, capsys)[job_id]
@@ -106,6 +109,10 @@ def test_a_job_whose_agents_vanished_expires_too(redis_url: str, r: redis.Redis,
     # no TTL, and no agent left to give it one; `ls` sweeps it once it sees the job lost.
     late = JobKeys(job_id).store("late-round")
     r.set(late, "x")
+    # ... or a node's log stream, outside the job's slot: found through the job's set.
+    late_stream = JobKeys(job_id).logs("late-node")
+    r.xadd(late_stream, {"v": "1"})
+    r.sadd(JobKeys(job_id).log_streams, late_stream)
 
     def lost() -> dict | None:
         listed = _ls(redis_url, capsys).get(job_id)
@@ -114,7 +121,7 @@ def test_a_job_whose_agents_vanished_expires_too(redis_url: str, r: redis.Redis,
 
     listed = wait_until(lost, 10, "ls shows the job lost")
     assert listed["expires_in_s"] is not None and listed["lost_for_s"] is not None
-    wait_until(lambda: r.pttl(late) > 0, 5, "the late key swept")
+    wait_until(lambda: r.pttl(late) > 0 and r.pttl(late_stream) > 0, 5, "the late keys swept")
     wait_until(lambda: not _keys(r, job_id), 30, "the lost job's keys expired")
     assert job_id not in _ls(redis_url, capsys)
 

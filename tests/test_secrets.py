@@ -121,9 +121,11 @@ def agent_args(endpoint_args: list[str], job_id: str, script: Path, *rest: str) 
 
 
 def job_records(r: redis.Redis, job_id: str) -> str:
-    """Every value of every key of the job, as one text."""
+    """Every value of every key of the job (its log streams too), as one text."""
     out = []
-    for key in r.scan_iter(match=f"elastic:{{{job_id}}}:*", count=1000):
+    keys = [*r.scan_iter(match=f"elastic:{{{job_id}}}:*", count=1000),
+            *r.scan_iter(match=f"elastic:log:{{{job_id}/*", count=1000)]
+    for key in keys:
         kind = r.type(key).decode()
         if kind == "stream":
             out += [repr(fields) for _, fields in r.xrange(key)]

@@ -1057,19 +1057,29 @@ async def give_ttls(client: Any, pattern: str, ms: int, renew_from_ms: int | Non
     how many keys were looked at."""
     n = 0
     async for batch in scan_batches(client, pattern):
-        pipe = client.pipeline(transaction=False)
-        for key in batch:
-            pipe.pttl(key)
-        ttls = await pipe.execute(raise_on_error=False)
-        pipe = client.pipeline(transaction=False)
-        for key, ttl in zip(batch, ttls):
-            if ttl == -1:
-                pipe.pexpire(key, ms)
-            elif renew_from_ms is not None and isinstance(ttl, int) and ttl >= renew_from_ms:
-                pipe.pexpire(key, ms, gt=True)
-        await pipe.execute(raise_on_error=False)
-        n += len(batch)
+        n += await give_key_ttls(client, batch, ms, renew_from_ms)
     return n
+
+
+async def give_key_ttls(client: Any, keys: list[Any], ms: int,
+                        renew_from_ms: int | None = None) -> int:
+    """:func:`give_ttls` for named ``keys`` (a job's log streams, which the job's set lists:
+    on a cluster they are in other slots than the job's). Two pipelined round trips per
+    node; returns ``len(keys)``."""
+    if not keys:
+        return 0
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.pttl(key)
+    ttls = await pipe.execute(raise_on_error=False)
+    pipe = client.pipeline(transaction=False)
+    for key, ttl in zip(keys, ttls):
+        if ttl == -1:
+            pipe.pexpire(key, ms)
+        elif renew_from_ms is not None and isinstance(ttl, int) and ttl >= renew_from_ms:
+            pipe.pexpire(key, ms, gt=True)
+    await pipe.execute(raise_on_error=False)
+    return len(keys)
 
 
 async def scan_batches(client: Any, pattern: str, count: int = 1000) -> AsyncIterator[list[Any]]:

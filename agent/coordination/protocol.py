@@ -4,9 +4,11 @@ Nothing outside this module spells a key. Both sides import it, so it imports ne
 Textual nor torch. docs/PROTOCOL.md documents the same contract for other clients.
 
 Keys
-    Every key of a job is ``elastic:{JOB}:...``. The braces are a Redis Cluster hash tag:
-    a whole job lives in one slot, so multi-key Lua scripts and MULTI work on a cluster.
-    The one key outside a job is the job index, ``elastic:jobs``.
+    Every coordination key of a job is ``elastic:{JOB}:...``. The braces are a Redis Cluster
+    hash tag: a job's coordination lives in one slot, so multi-key Lua scripts and MULTI work
+    on a cluster. Its log streams, the bulk bytes, are ``elastic:log:{JOB/TAG}:NODE``, spread
+    over :data:`LOG_SHARDS` other slots and listed in the job's ``logs`` set. The one key
+    outside a job is the job index, ``elastic:jobs``.
 
 Records
     Stream entries are flat maps of strings. Every entry carries ``v`` (the protocol
@@ -24,9 +26,12 @@ Hostile input
 
 from __future__ import annotations
 
+import binascii
 import contextlib
+import functools
 import json
 import re
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -65,6 +70,35 @@ COMMANDS_MAXLEN = 10_000
 NOTIFY_MAXLEN = 10_000
 #: Stack replies (one entry per rank and request, each up to ``MAX_STACK_TEXT_BYTES``).
 STACKS_MAXLEN = 10_000
+
+
+#: Hash tags a job's log streams are spread over (:meth:`JobKeys.logs`): a job uses at most
+#: this many slots, hence cluster masters, for its logs; a cluster reader makes one XREAD per
+#: tag. Shard ``s``'s tag lands in the ``s``-th sixteenth of the cluster's 16,384 slots, so
+#: masters that split the slots evenly (what ``redis-cli --cluster create`` does) get an even
+#: share of the shards: 5 or 6 of 16 each with three masters.
+LOG_SHARDS = 16
+CLUSTER_SLOTS = 16384
+#: The shard part of a log stream's tag as readers accept it (``JOB/<this>``).
+_LOG_TAG_RE = re.compile(r"[A-Za-z0-9._-]{1,32}")
+
+
+@functools.lru_cache(maxsize=256)
+def log_shard_tags(job_id: str) -> tuple[str, ...]:
+    """The :data:`LOG_SHARDS` hash tags of ``job_id``'s log streams: shard ``s`` is
+    ``JOB/s``, or ``JOB/s.k`` for the smallest ``k`` whose slot (CRC16 mod 16,384, the cluster's
+    rule) falls in the ``s``-th of :data:`LOG_SHARDS` equal ranges of slots. About 16 CRCs a
+    shard, once per job and process. Writers only: readers take the names from the set."""
+    width = CLUSTER_SLOTS // LOG_SHARDS
+    tags = []
+    for s in range(LOG_SHARDS):
+        tag = f"{job_id}/{s}"
+        for k in range(1, 4096):  # (15/16)^4096: never exhausted in practice
+            if binascii.crc_hqx(tag.encode(), 0) % CLUSTER_SLOTS // width == s:
+                break
+            tag = f"{job_id}/{s}.{k}"
+        tags.append(tag)
+    return tuple(tags)
 
 
 class InvalidJobIdError(ValueError):
@@ -214,12 +248,48 @@ class JobKeys:
 
     @property
     def log_streams(self) -> str:
-        """Set: the names of the job's log streams (one per node)."""
+        """Set: the names of the job's log streams (one per node). The streams themselves may
+        live in other slots (:meth:`logs`): readers, retention and ``rm`` find them here."""
         return self._k("logs")
 
     def logs(self, node_id: str) -> str:
-        """Stream: the log lines of one node's workers (:func:`encode_node_log_entry`)."""
+        """Stream: the log lines of one node's workers (:func:`encode_node_log_entry`).
+
+        ``elastic:log:{JOB/TAG}:NODE``: the bulk bytes of a job, outside the job's slot, in one
+        of :data:`LOG_SHARDS` hash tags picked by the node id (:func:`log_shard_tags`), so that
+        one job's log traffic spreads over a cluster's masters. On a single server it is just
+        a name."""
+        tags = log_shard_tags(self.job_id)
+        return f"elastic:log:{{{tags[zlib.crc32(node_id.encode()) % len(tags)]}}}:{node_id}"
+
+    def legacy_logs(self, node_id: str) -> str:
+        """Stream: a node's log stream as agents named it before :meth:`logs` moved out of the
+        job's slot (``elastic:{JOB}:logs:NODE``); still read when the logs set names it."""
         return self._k(f"logs:{node_id}")
+
+    def is_log_stream(self, name: str) -> bool:
+        """Whether ``name`` (a member of :attr:`log_streams`, i.e. anything a writer put
+        there) can be one of this job's log streams, in either shape: readers read it and
+        ``rm`` deletes it only then, never a key of another job or outside ``elastic:``."""
+        legacy = self._k("logs:")
+        if name.startswith(legacy):
+            node = name[len(legacy):]
+        else:
+            start = f"elastic:log:{{{self.job_id}/"
+            end = name.find("}:", len(start))
+            if not name.startswith(start) or end < 0 or not _LOG_TAG_RE.fullmatch(
+                    name[len(start):end]):
+                return False
+            node = name[end + 2:]
+        return 0 < len(node) <= MAX_NAME_CHARS
+
+    def streams_elsewhere(self, members: Any) -> list[str]:
+        """The members of :attr:`log_streams` (an SMEMBERS reply) that are this job's log
+        streams outside its slot, sorted: what retention and ``rm`` reach by name (a SCAN of
+        the job's slot finds the rest). A foreign name in the set is never touched."""
+        names = {m.decode("utf-8", "replace") if isinstance(m, bytes) else str(m)
+                 for m in members or ()}
+        return sorted(n for n in names if self.is_log_stream(n) and not n.startswith(self.prefix))
 
     @property
     def stacks(self) -> str:
@@ -343,7 +413,9 @@ class JobKeys:
         return self._k(f"store:{namespace}:notify")
 
     def all_key_patterns(self) -> list[str]:
-        """SCAN patterns that together match every key of the job (for clean-up)."""
+        """SCAN patterns that together match every key in the job's slot (for clean-up): all
+        but its log streams (:meth:`logs`), which the :attr:`log_streams` set lists (a SCAN
+        for them would walk every key of every master)."""
         return [self.prefix.replace("{", "\\{").replace("}", "\\}") + "*"]
 
 

@@ -8,6 +8,12 @@ what it knows: meta fields are set only where missing, its log stream is added t
 and the restart counter is raised to the highest value this agent has seen, never lowered
 (so the restart budget never starts over).
 
+The log-stream set is how every reader finds the job's log streams, which live outside the
+job's slot (``JobKeys.logs``: on a cluster, on other masters). Its cost per node is one member
+of ~60 bytes, written once when the node's first worker opens (``NodeLogs.open_worker``) and
+confirmed by this script every keep-alive interval: one O(1) ``SADD`` per node and interval,
+inside a call the node makes anyway.
+
 What an empty Redis loses for good: events and log lines written before it (they were in the
 lost streams), and a restart claim between its write and the next reseed of another agent.
 """

@@ -13,7 +13,10 @@ A Redis shared for months by thousands of jobs must not keep every job ever run.
   two renewals (a node's new log stream, a new round's store) are caught by the next one.
 * "Every key of the job" is found by ``SCAN MATCH elastic:{JOB}:*`` rather than a list, so
   keys added by any part of the package (or a later version) are covered. A SCAN costs
-  O(keys on the server): one per job per interval, not per agent.
+  O(keys on the server): one per job per interval, not per agent. The log streams, outside
+  the job's slot (``JobKeys.logs``: on a cluster they are on other masters, which that SCAN
+  does not walk), are the members of the job's ``logs`` set, plus this agent's own stream
+  (in case the set went first, e.g. ``rm``): one SMEMBERS and O(nodes) PTTL/PEXPIRE per pass.
 * A job removed (``elastic-console rm``) while an agent was still ending has no meta any more
   when that agent's last pass runs: the keys it wrote meanwhile are deleted, not kept.
 * The job index (``elastic:jobs``, outside every job) loses the oldest entries whose job is
@@ -28,11 +31,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 
-from ..coordination.connection import give_ttls, scan_batches
+from ..coordination.connection import give_key_ttls, give_ttls, scan_batches
 from ..coordination.protocol import JOBS_INDEX, JobKeys
 
 log = logging.getLogger(__name__)
@@ -85,6 +89,7 @@ class JobRetention:
         self.interval = lease_interval(retention_s)
         self._pattern = self._keys.all_key_patterns()[0]
         self._token = self._keys.lease
+        self._own_stream = self._keys.logs(node_id)
 
     async def run(self) -> None:
         """Renew the lease for as long as the agent runs (cancel to stop)."""
@@ -132,20 +137,38 @@ class JobRetention:
             return await self._each_key(lambda pipe, key: pipe.pexpire(key, ms))
         # A lease of ours starts at retention + 3 intervals: still above the retention, it was
         # renewed at most three intervals ago (an agent with the turn died, a slow host).
-        return await give_ttls(self._client, self._pattern, ms,
-                               renew_from_ms=int(self.retention_s * 1000))
+        renew = int(self.retention_s * 1000)
+        streams = await self.log_streams()
+        return (await give_ttls(self._client, self._pattern, ms, renew_from_ms=renew)
+                + await give_key_ttls(self._client, streams, ms, renew_from_ms=renew))
 
     async def delete_all(self) -> int:
         return await self._each_key(lambda pipe, key: pipe.unlink(key))
 
+    async def log_streams(self) -> list[str]:
+        """The job's log streams outside its slot: the set's members that are this job's
+        (anything else in it is not ours to touch) and this agent's own stream."""
+        try:
+            raw = await self._client.smembers(self._keys.log_streams)
+        except redis.ResponseError:
+            raw = set()  # not a set (WRONGTYPE): the SCAN still covers the job's slot
+        return self._keys.streams_elsewhere([*(raw or ()), self._own_stream])
+
     async def _each_key(self, op: object) -> int:
-        n = 0
-        async for batch in _scan_batches(self._client, self._pattern):
+        async def each(batch: list[Any]) -> int:
             pipe = self._client.pipeline(transaction=False)
             for key in batch:
                 op(pipe, key)  # type: ignore[operator]
             await pipe.execute(raise_on_error=False)
-            n += len(batch)
+            return len(batch)
+
+        # The streams first: the set that lists them is one of the keys the SCAN finds.
+        streams: list[Any] = await self.log_streams()
+        n = 0
+        for i in range(0, len(streams), _SCAN_COUNT):
+            n += await each(streams[i:i + _SCAN_COUNT])
+        async for batch in _scan_batches(self._client, self._pattern):
+            n += await each(batch)
         return n
 
     async def prune_index(self) -> int:
