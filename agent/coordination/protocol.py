@@ -318,7 +318,7 @@ class JobKeys:
         return self._k(f"stall:{int(round_)}")
 
     def wake(self, node_id: str) -> str:
-        """Stream (one entry, 60 s TTL): written by one agent to wake its own multiplexed
+        """Stream (one entry, 5 s TTL): written by one agent to wake its own multiplexed
         XREAD when it starts following another stream (coordination/stream_mux.py)."""
         return self._k(f"wake:{node_id}")
 

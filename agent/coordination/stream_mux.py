@@ -51,7 +51,9 @@ COUNT = 1_000
 IDLE_S = 10.0
 #: Entries a reader may hold unread per stream; older ones are read again from Redis if asked.
 BUFFER = 10_000
-WAKE_TTL_MS = 60_000
+#: The wake only has to reach the XREAD in flight (delivered as it is written); the TTL is
+#: clean-up, short enough that a job's retention (which may be seconds) outlives no wake key.
+WAKE_TTL_MS = 5_000
 
 StreamId = tuple[int, int]
 _CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
