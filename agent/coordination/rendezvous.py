@@ -189,11 +189,11 @@ NAMES = 16
 # counts this on a real Redis.
 #
 # KEYS: 1 state, 2 members, 3 waiting, 4 ranks, 5 round_info, 6 nodes, 7 heartbeats,
-#       8 left, 9 notify, 10 lost, 11 joins, 12 assign
+#       8 left, 9 notify, 10 lost, 11 joins, 12 assign, 13 the job's meta
 _PRELUDE = """
 local K_STATE, K_MEMBERS, K_WAITING, K_RANKS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_ROUND, K_NODES, K_HB, K_LEFT, K_NOTIFY, K_LOST = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local K_JOINS, K_ASSIGN = KEYS[11], KEYS[12]
+local K_JOINS, K_ASSIGN, K_META = KEYS[11], KEYS[12], KEYS[13]
 local NAMES = 16
 
 local function now_ms()
@@ -366,7 +366,9 @@ local function open_payload()
 end
 """
 
-# ARGV: node, description json, min, max, last_call_ms, hbt_ms, want_round
+# ARGV: node, description json, min, max, last_call_ms, hbt_ms, want_round, register (1: a
+# node's first join registers the job's meta too: its creation time, first write wins, and
+# the settings readers need; one round trip fewer before a node waits).
 # Returns {status, round, now, wake, notify_id, payload, assignment}: payload is the round's
 # head when complete ("round group_rank base_rank" its assignment), open_payload() when open.
 _JOIN = _PRELUDE + """
@@ -374,6 +376,11 @@ local node, desc = ARGV[1], ARGV[2]
 local min, max = tonumber(ARGV[3]), tonumber(ARGV[4])
 local last_call, hbt, want = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local now = now_ms()
+if ARGV[8] == '1' then
+  redis.call('HSETNX', K_META, 'created_ms', now)
+  -- Readers call a job lost when no heartbeat is newer than heartbeat_timeout_ms.
+  redis.call('HSET', K_META, 'min_nodes', min, 'max_nodes', max, 'heartbeat_timeout_ms', hbt)
+end
 local round, status, closed = state(want)
 if closed then return {'closed', round, now, 0, last_notify_id(), '', ''} end
 redis.call('ZADD', K_HB, now, node)
@@ -674,7 +681,7 @@ class RedisRendezvous:
         k = self.keys
         return [k.rdzv_state, k.rdzv_members, k.rdzv_waiting, k.rdzv_ranks, k.rdzv_round_info,
                 k.rdzv_nodes, k.rdzv_heartbeats, k.rdzv_left, k.rdzv_notify, k.rdzv_lost,
-                k.rdzv_joins, k.rdzv_assign]
+                k.rdzv_joins, k.rdzv_assign, k.meta]
 
     @contextlib.contextmanager
     def _redis_errors(self) -> Iterator[None]:
@@ -761,8 +768,7 @@ class RedisRendezvous:
     def _rendezvous_steps(self, progress: Callable[[RendezvousProgress], None] | None
                           ) -> Generator[Any, Any, RendezvousResult]:
         s = self.settings
-        if self._last_round is None:
-            yield from self._register_job()
+        register = self._last_round is None  # the first join registers the job's meta
         self._start_heartbeats()
         want = 0 if self._last_round is None else self._last_round + 1
         desc = NodeDescription(self.node_id, self.host, self.local_addr,
@@ -777,8 +783,14 @@ class RedisRendezvous:
             status, rnd, now, wake, notify_id, payload, assign = yield from _script(
                 "join",
                 [self.node_id, desc, s.min_nodes, s.max_nodes, int(s.last_call_timeout * 1000),
-                 int(s.heartbeat_timeout * 1000), want],
+                 int(s.heartbeat_timeout * 1000), want, int(register)],
             )
+            if register:
+                # Listed after its meta exists: an index entry without one is a job that
+                # expired or was removed, which readers drop (retention.py). The index lives
+                # outside the job's hash slot: a command of its own.
+                register = False
+                yield _command("zadd", protocol.JOBS_INDEX, {self.job_id: int(now)}, nx=True)
             self.renewed_at = max(self.renewed_at or sent, sent)  # a join beats too
             status = status.decode()
             if status == "closed":

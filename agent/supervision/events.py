@@ -117,10 +117,14 @@ class ResourceSampler:
                 mem[int(pid)] = int(used) * 1024 * 1024
         return mem
 
+    async def collect(self) -> dict[int, dict[str, Any]]:
+        """:meth:`sample`, off the event loop (psutil reads /proc; nvidia-smi may take a while)."""
+        return await asyncio.to_thread(self.sample)
+
     async def run(self, stop: Callable[[], bool] = lambda: False) -> None:
         while not stop():
             await asyncio.sleep(self.interval)  # sampling is periodic by nature
-            samples = await asyncio.to_thread(self.sample)
+            samples = await self.collect()
             if not samples:
                 continue
             try:
