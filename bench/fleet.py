@@ -188,10 +188,10 @@ class SimNode:
 
     async def watch(self) -> None:
         """The agent's membership watch: the summary every keep-alive interval, or at once
-        when the rendezvous says something or a restart command came."""
+        when the rendezvous notifies a transition or a restart command came."""
         reader = self.mux.reader()
         streams: dict[str, str] = {}
-        for key in (self.keys.rdzv_notify, self.keys.rdzv_joins):
+        for key in (self.keys.rdzv_notify,):
             last = await self.writer.xrevrange(key, count=1)
             streams[key] = last[0][0].decode() if last else "0-0"
         interval_ms = int(self.settings.keep_alive_interval * 1000)

@@ -512,7 +512,10 @@ class ElasticAgent:
         """Returns when the job wants a new round or has ended; never because of an outage."""
         assert self._round is not None
         my_round = self._round.result.round
-        streams = {self.keys.rdzv_notify: "$", self.keys.rdzv_joins: "$"}
+        # The transitions only: a late node is seen by the summary within an interval.
+        # Following every join too would hand each of N agents every one of N joins when a
+        # job re-forms: N^2 entries.
+        streams = {self.keys.rdzv_notify: "$"}
         for key in streams:
             with contextlib.suppress(redis.RedisError, OSError):
                 last = await self._client.xrevrange(key, count=1)
