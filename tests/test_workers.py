@@ -90,6 +90,7 @@ class Group:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.group.stop(timeout=1)
+        await self.group.close()  # the keeper started ahead for a next attempt, too
 
 
 # -- environment ----------------------------------------------------------------------------
@@ -473,3 +474,71 @@ async def test_start_failure_and_next_attempt(tmp_path: Path) -> None:
         await group.stop()
     assert stdout_of(tmp_path, 0, attempt=0) == "0\n"
     assert stdout_of(tmp_path, 0, attempt=1) == "1\n"
+
+
+# -- the keeper started ahead of time (issue 23) ----------------------------------------------
+
+async def _spare_pid(group: WorkerGroup) -> int:
+    """The pid of the keeper the group started ahead for its next attempt."""
+    await wait_until_async(lambda: group._spare is not None and group._spare.done(),
+                           what="the next attempt's keeper started")
+    assert group._spare is not None
+    return group._spare.result().process.get_pid()
+
+
+async def test_the_next_attempt_runs_on_the_keeper_started_ahead(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("elastic_agent.supervision.workers.SPARE_DELAY", 0.0)
+    spec = make_spec(tmp_path, """
+        import os, time
+        print(os.getppid(), flush=True)
+        time.sleep(60)
+    """, nproc=2)
+    async with Group(spec) as group:
+        await group.prepare()  # before the rendezvous: the first attempt's keeper
+        first = await _spare_pid(group)
+        await group.start(assignment(2))
+        assert group._keeper is not None and group._keeper.pid == first
+        ahead = await _spare_pid(group)  # the next one, while this attempt runs
+        assert ahead != first and alive(ahead)
+        await wait_for_output(tmp_path, 1, "\n")
+        assert int(stdout_of(tmp_path, 0)) == first  # the workers' parent: that keeper
+        await group.stop()
+        assert not alive(first)
+        await group.start(assignment(2, attempt=1))
+        assert group._keeper.pid == ahead
+        await wait_until_async(lambda: stdout_of(tmp_path, 1, attempt=1), what="attempt 1")
+        assert int(stdout_of(tmp_path, 0, attempt=1)) == ahead
+        spare = await _spare_pid(group)
+        await group.stop()
+        await group.close()
+        # Closing the group ends the idle keeper too: no process is left behind.
+        await wait_until_async(lambda: not alive(spare), what="the idle keeper gone")
+
+
+async def test_a_dead_spare_keeper_is_replaced_at_start(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("elastic_agent.supervision.workers.SPARE_DELAY", 0.0)
+    spec = make_spec(tmp_path, """
+        import os
+        print(os.getppid(), flush=True)
+    """)
+    async with Group(spec) as group:
+        await group.prepare()
+        dead = await _spare_pid(group)
+        os.kill(dead, signal.SIGKILL)
+        await wait_until_async(lambda: not alive(dead), what="the spare keeper killed")
+        await group.start(assignment())
+        assert (await group.wait()).state is WorkerState.SUCCEEDED
+        keeper_pid = int(stdout_of(tmp_path, 0))
+        assert keeper_pid != dead and group._keeper is not None
+        assert keeper_pid == group._keeper.pid
+
+
+async def test_no_spare_keeper_after_success(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, "print('done')")
+    async with Group(spec) as group:
+        await group.start(assignment())
+        assert (await group.wait()).state is WorkerState.SUCCEEDED
+        await group.stop()
+        assert group._spare is None  # no next attempt: nothing started ahead for it
