@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -542,3 +543,31 @@ async def test_no_spare_keeper_after_success(tmp_path: Path) -> None:
         assert (await group.wait()).state is WorkerState.SUCCEEDED
         await group.stop()
         assert group._spare is None  # no next attempt: nothing started ahead for it
+
+
+async def test_stop_ends_a_process_outside_the_tree_by_the_workers_marker(tmp_path: Path) -> None:
+    """A process that is no descendant of the keeper (started through some other daemon)
+    but carries a worker's error file path in its environment is ended by the stop: the
+    raw /proc/PID/environ search finds it."""
+    spec = make_spec(tmp_path, """
+        import time
+        print("up", flush=True)
+        time.sleep(60)
+    """)
+    async with Group(spec) as group:
+        await group.start(assignment())
+        await wait_for_output(tmp_path, 0, "up")
+        marker = str(error_file_path(spec, assignment(), 0))
+        outsider = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
+            env={**os.environ, "TORCHELASTIC_ERROR_FILE": marker})
+        try:
+            await wait_until_async(
+                lambda: marker.encode() in Path(f"/proc/{outsider.pid}/environ").read_bytes(),
+                what="the outsider started")
+            await group.stop()
+            await wait_until_async(lambda: outsider.poll() is not None, what="the outsider ended")
+            assert outsider.returncode == -signal.SIGTERM
+        finally:
+            outsider.kill()
+            outsider.wait()
