@@ -146,7 +146,10 @@ class TreeSampler(threading.Thread):
 
     A child with its parent's command line is a fork that has not exec'd yet (Python's
     subprocess uses vfork: the child runs in the parent's memory until exec); its RSS is its
-    parent's pages again, so it is not counted a second time.
+    parent's pages again, so it is not counted a second time. Except elastic-agent's
+    zygote's forks (issue 23: its keepers and, by default, its workers), which never exec
+    and are processes of their own: a worker forked by a keeper the zygote forked is a
+    worker, whatever its command line (the zygote's).
     """
 
     def __init__(self, root: int, interval: float, worker_marker: str) -> None:
@@ -176,6 +179,9 @@ class TreeSampler(threading.Thread):
     def sample(self) -> None:
         total = pss_total = 0
         cmdlines: dict[int, bytes | None] = {}
+        zygotes: set[int] = set()
+        forked_keepers: set[int] = set()
+        forked_workers: set[int] = set()
         for pid, parent in tree_pids(self.root):
             cmdline = cmdlines[pid] = _cmdline(pid)
             proc = self._proc(pid)
@@ -183,14 +189,21 @@ class TreeSampler(threading.Thread):
                 continue  # gone, or a zombie (empty command line)
             if self.pss:
                 pss_total += _pss(pid)  # a fork shares its parent's pages: Pss splits them
-            if parent and cmdline == cmdlines.get(parent):
+            zygote = b"zygote.py" in cmdline and b"--worker" not in cmdline
+            if zygote and parent == self.root:
+                zygotes.add(pid)
+            elif zygote and parent in zygotes:
+                forked_keepers.add(pid)
+            elif zygote and (parent in forked_keepers or parent in forked_workers):
+                forked_workers.add(pid)  # a worker, or a fork of one (its CPU is the job's)
+            elif parent and cmdline == cmdlines.get(parent):
                 continue  # forked, not exec'd yet: its parent's pages
             try:
                 total += proc.memory_info().rss
                 if pid == self.root:
                     continue
                 t = proc.cpu_times()
-                if self.worker_marker in cmdline:
+                if self.worker_marker in cmdline or pid in forked_workers:
                     self.worker_cpu[pid] = t.user + t.system
                     self.helper_cpu.pop(pid, None)
                 elif pid not in self.worker_cpu:

@@ -344,17 +344,26 @@ def _which(tmp: Path, attempt: int = 0) -> list[str]:
             for rank in range(NPROC)]
 
 
+#: Stands in for torch (the same path, without a second of import): records the pid that
+#: imported it, so a worker can tell whether the zygote had imported it already.
+AUTOMARK = "import os\nPID = os.getpid()\n"
+
+
 @pytest.mark.parametrize(("leading", "auto", "expected"), [
-    ("import json\n", True, "forked\n"),  # what auto finds: forked from the zygote
-    ("import json\n", False, "exec\n"),  # --preload off: exec, as before
-    ("x = 1\nimport json\n", True, "exec\n"),  # code before the import: exec
+    ("import automark\n", True, "forked preloaded"),  # auto: forked, automark imported once
+    ("x = 1\nimport automark\n", True, "forked fresh"),  # code first: forked, not preloaded
+    ("import automark\n", False, "exec fresh"),  # --preload off: exec, as before
+    ("import automark_thread\nimport automark\n", True, "exec fresh"),  # unsafe to fork
 ])
-def test_auto_preload_forks_and_falls_back_to_exec(tmp_path, monkeypatch, leading, auto,
-                                                   expected):
-    """``json`` stands in for torch (the same path, without a second of import)."""
-    monkeypatch.setattr(zygote, "AUTO_MODULES", ("json",))
+def test_auto_forks_every_python_worker_and_falls_back_to_exec(tmp_path, monkeypatch, leading,
+                                                               auto, expected):
+    monkeypatch.setattr(zygote, "AUTO_MODULES", ("automark", "automark_thread"))
+    (tmp_path / "automark.py").write_text(AUTOMARK)
+    (tmp_path / "automark_thread.py").write_text((PRELOAD / "preload_thread.py").read_text())
     script = tmp_path / "train.py"
-    script.write_text(leading + WHICH)
+    script.write_text(leading + WHICH.replace(
+        '"exec", flush=True)', '"exec", "preloaded" if automark.PID != os.getpid() else '
+        '"fresh", flush=True)'))
 
     async def scenario() -> None:
         spec = WorkerSpec(nproc=NPROC, entrypoint=[sys.executable, "-u", str(script)],
@@ -372,7 +381,7 @@ def test_auto_preload_forks_and_falls_back_to_exec(tmp_path, monkeypatch, leadin
             await group.close()
 
     asyncio.run(scenario())
-    assert _which(tmp_path, 0) == _which(tmp_path, 1) == [expected] * NPROC
+    assert _which(tmp_path, 0) == _which(tmp_path, 1) == [expected + "\n"] * NPROC
 
 
 def test_a_torch_script_is_forked_warm_by_default(tmp_path):

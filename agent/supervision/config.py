@@ -79,7 +79,8 @@ class AgentConfig:
     health_check_port: int | None = None
     #: --preload: modules a warm zygote imports; workers are forked from it (issue 14).
     preload: tuple[str, ...] = ()
-    #: --preload auto (the default): torch, when the script starts by importing it (issue 23).
+    #: --preload auto (the default): Python workers forked from a zygote, which imports torch
+    #: when the script starts by importing it (issue 23).
     preload_auto: bool = True
     #: --retention: seconds a job's keys outlive its end (0: forever; see retention.py).
     retention_s: float = DEFAULT_RETENTION_S
@@ -220,8 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
       "(default $TORCHELASTIC_HEALTH_CHECK_PORT, else none)")
     a("--preload", default="auto", metavar="MODULES",
       help="comma list of modules (e.g. torch) a warm zygote imports once per node; workers "
-      "are forked from it instead of starting a new interpreter. auto (the default): torch "
-      "when the script's leading imports include it, else none; off: never")
+      "are forked from it instead of starting a new interpreter. auto (the default): Python "
+      "workers are forked, the zygote importing torch first when the script's leading "
+      "imports include it; off: every worker starts a new interpreter")
     a(*_both("stack-signal"), dest="stack_signal", default="SIGRTMIN+4", metavar="SIG",
       help="real-time signal on which Python workers write every thread's stack for "
       "`elastic-console stacks` (faulthandler, registered before the script runs: no ptrace, "

@@ -115,8 +115,8 @@ class WorkerSpec:
     numa_binding: str | None = None
     #: ``--preload``: modules a warm zygote imports; its workers are forked from it.
     preload: tuple[str, ...] = ()
-    #: ``--preload auto``: without ``preload``, the modules :func:`.zygote.auto_preload`
-    #: finds the script starting with (torch), preloaded the same way.
+    #: ``--preload auto``: without ``preload``, Python workers are forked from a zygote that
+    #: imported what :func:`.zygote.auto_preload` finds the script starting with (torch).
     preload_auto: bool = False
     #: torchrun's --signals-to-handle, which its launcher puts in the workers' environment.
     signals_to_handle: str = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
@@ -484,10 +484,14 @@ class WorkerGroup:
         #: The last start's phases (monotonic): ``keeper`` running and asked for the workers,
         #: ``started`` every worker's pid known (see ``events.RestartClock``).
         self.start_marks: dict[str, float] = {}
+        auto = (not spec.preload and spec.preload_auto and spec.numa_binding is None
+                and zygote.recipe(spec.entrypoint) is not None)
+        #: Workers are forked from a zygote: with --preload, and by default (``auto``) for
+        #: every Python entrypoint the zygote can run (issue 23).
+        self.warm = bool(spec.preload) or auto
         #: What the zygote imports: --preload's modules, else what ``auto`` found (or none).
         self.preload: tuple[str, ...] = spec.preload or (
-            zygote.auto_preload(spec.entrypoint)
-            if spec.preload_auto and spec.numa_binding is None else ())
+            zygote.auto_preload(spec.entrypoint) if auto else ())
         #: The next attempt's keeper, started ahead of time (exec path; see ``_spare_ahead``).
         self._spare: asyncio.Task[_Spare] | None = None
         self._spare_timer: asyncio.TimerHandle | None = None
@@ -580,7 +584,7 @@ class WorkerGroup:
         """
         spec = self.spec
         handle = _Keeper(loop, self._workers, spec.entrypoint[0])
-        if self.preload:
+        if self.warm:
             await self.prepare()
         if self._zygote is not None:
             forked = await self._start_from_zygote(loop, assignment, handle)
@@ -642,7 +646,7 @@ class WorkerGroup:
         The exec path only: a zygote forks its keepers."""
         self._cancel_spare_timer()
         if self._spare is not None or self._closed or (
-                self.preload and self._zygote is not None):
+                self.warm and self._zygote is not None):
             return
         loop = asyncio.get_running_loop()
         self._spare = loop.create_task(self._spawn_keeper(loop), name="spare keeper")
@@ -697,11 +701,11 @@ class WorkerGroup:
         return {k: v for k, v in env.items() if k not in zygote.LAUNCHER_VARS}
 
     async def prepare(self) -> None:
-        """With a preload (``spec.preload``, or what ``auto`` found), start the node's zygote
+        """When the workers are forked (``spec.preload``, or ``auto``), start the node's zygote
         (:mod:`.zygote`) unless a live one
         runs already (a dead one is replaced). It imports in the background: call this early
         (before the rendezvous). It forks each attempt's keeper. No-op without preload."""
-        if not self.preload:
+        if not self.warm:
             if not self._workers:
                 self._spare_ahead()  # the first attempt's keeper, during the rendezvous
             return

@@ -2,14 +2,15 @@
 attempt's keeper, which forks each worker and runs the training script in the forked process,
 instead of exec'ing a new interpreter that imports them again.
 
-``--preload auto``, the default (issue 23): when the script (``python -u SCRIPT``) starts with
-imports that include torch, before any other statement (:func:`auto_preload`), the zygote
-imports torch and every attempt's workers are forked as with ``--preload torch``: a restart
-no longer waits for four interpreters to import torch again. Anything else is exec'ed as
-before: other scripts, ``-m``, ``--no-python``, ``--run-path``, ``--numa-binding``, and
-``--preload off``. In that mode the zygote is silent when torch fails to import (the workers
-import it again and report their own error). What a worker of a torch script gives up by
-default is the list of known differences below (its hash seed, its command line), and
+``--preload auto``, the default (issue 23): every Python worker (``python -u SCRIPT`` or
+``-m MODULE``) is forked from the node's zygote, so no restart waits for interpreters to
+start; and when the script starts with imports that include torch, before any other
+statement (:func:`auto_preload`), the zygote imports torch first, as with ``--preload
+torch``: no restart waits for the workers to import it again. ``--no-python``,
+``--run-path``, ``--numa-binding`` and ``--preload off`` are exec'ed as before. In that mode
+the zygote is silent when torch fails to import (the workers import it again and report
+their own error). What a worker gives up by default is the list of known differences below
+(its own hash seed, its command line in ``ps``, the zygote's modules already imported), and
 torch's import-time messages are printed once, on the agent's stderr, not in each rank's log.
 
 Two halves in one stdlib-only file (it never imports torch itself: only what ``--preload``
@@ -149,7 +150,7 @@ AUTO_MODULES = ("torch",)
 def auto_preload(entrypoint: Sequence[str]) -> tuple[str, ...]:
     """``--preload auto``: the packages of :data:`AUTO_MODULES` (torch) that a script run as
     ``python -u SCRIPT`` imports in the imports it starts with, before any other statement
-    (a docstring aside); else ``()``: the workers are exec'ed as without ``--preload``.
+    (a docstring aside); else ``()``: the zygote imports nothing of the script's.
 
     Why only leading imports: a statement before them may change what the import does (an
     ``os.environ`` set for torch to read); a forked worker finds torch already imported by
