@@ -440,7 +440,7 @@ def rounds(launchers: dict[str, str], repeat: int,
 
 
 def bench_a(bench: Bench, launchers: dict[str, str], repeat: int) -> list[Figure]:
-    wall = Figure("a", "a) 4 hello workers, launch to exit: wall", "s", 0.3)
+    wall = Figure("a", "a) 4 hello workers, launch to exit: wall", "s", 0.25)
     peak = Figure("a", "a) peak RSS, sum over process tree (5 ms samples)", "MiB", 0.3)
     maxrss = Figure("a", "a) ru_maxrss of launcher (wait4)", "MiB", None)
     figs = [wall, peak, maxrss]

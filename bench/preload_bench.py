@@ -154,7 +154,7 @@ def _cell(value: float | None, base: float | None, unit: str) -> str:
     if value is None:
         return f"{'n/a':>9} {'':>6}"
     ratio = f"{value / base:>5.2f}x" if base else f"{'':>6}"
-    return f"{value:>8.{0 if unit == 'MiB' else 2}f}{unit[0]} {ratio}"
+    return f"{value:>8.{0 if unit == 'MiB' else 3}f}{unit[0]} {ratio}"
 
 
 def main() -> int:

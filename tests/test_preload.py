@@ -274,6 +274,9 @@ def test_restart_command_restarts_through_the_zygote(redis_url, r, job_id, tmp_p
     try:
         started = lambda n: len(of_type(r, job_id, EventType.WORKERS_STARTED)) >= n  # noqa: E731
         wait_until(lambda: started(1), 60, "workers")
+        # The probe has reported before the restart: a stop may otherwise end it first.
+        wait_until(lambda: any(p.read_text() for p in logs.glob("*/attempt_0/0/stderr.log")),
+                   30, "the first probe")
         r.xadd(JobKeys(job_id).commands,
                encode_command(Command("restart-1", "restart", "tester@host", args={})))
         wait_until(lambda: started(2), 60, "restart by command")

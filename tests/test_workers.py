@@ -502,13 +502,15 @@ async def test_the_next_attempt_runs_on_the_keeper_started_ahead(tmp_path: Path,
         assert group._keeper is not None and group._keeper.pid == first
         ahead = await _spare_pid(group)  # the next one, while this attempt runs
         assert ahead != first and alive(ahead)
-        await wait_for_output(tmp_path, 1, "\n")
+        for rank in range(2):
+            await wait_for_output(tmp_path, rank, "\n")
         assert int(stdout_of(tmp_path, 0)) == first  # the workers' parent: that keeper
         await group.stop()
         assert not alive(first)
         await group.start(assignment(2, attempt=1))
         assert group._keeper.pid == ahead
-        await wait_until_async(lambda: stdout_of(tmp_path, 1, attempt=1), what="attempt 1")
+        await wait_until_async(lambda: all(stdout_of(tmp_path, rank, attempt=1).endswith("\n")
+                                           for rank in range(2)), what="attempt 1")
         assert int(stdout_of(tmp_path, 0, attempt=1)) == ahead
         spare = await _spare_pid(group)
         await group.stop()

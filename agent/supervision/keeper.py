@@ -193,7 +193,7 @@ class _Keeper:
         spec = read_request(self.ctl, unframer)
         if spec is None:
             self.kill_tree()
-            return 0
+            return self.done()
         assert isinstance(spec, list)
         failed = False
         for index, (argv, env, out_fd, err_fd, *how) in enumerate(spec):
@@ -230,6 +230,16 @@ class _Keeper:
                 elif not _more_from(self.ctl, unframer):
                     self.agent_gone = True
         self.kill_tree()
+        return self.done()
+
+    def done(self) -> int:
+        """The tree is gone: say so by closing the socket (EOF for the agent) before this
+        process's own exit, whose teardown takes a while in a big process (a keeper forked
+        by a zygote that imported torch): the agent's stop waits for the tree, not for that."""
+        try:  # noqa: SIM105 - no contextlib: the keeper imports as little as it can
+            os.close(self.ctl)
+        except OSError:
+            pass
         return 0
 
     def spawn(self, argv: list[bytes], env: dict[bytes, bytes], out_fd: int,
@@ -302,8 +312,7 @@ class _Keeper:
         reparented here when its parent dies, and found on the next round."""
         self.agent_gone = True
         while True:
-            parents = _parents()
-            tree = _descendants(self.me, parents)
+            tree = descendants(self.me, parents())
             for pid in tree:
                 _kill(pid, tree | {self.me})
             if not self.reap(block=True):
@@ -339,7 +348,7 @@ def _more_from(fd: int, unframer: Unframer) -> bool:
     return bool(data)
 
 
-def _parents() -> dict[int, int]:
+def parents() -> dict[int, int]:
     """pid -> parent pid for every process in /proc."""
     parents = {}
     for name in os.listdir("/proc"):
@@ -362,7 +371,7 @@ def _parents() -> dict[int, int]:
     return parents
 
 
-def _descendants(root: int, parents: dict[int, int]) -> set[int]:
+def descendants(root: int, parents: dict[int, int]) -> set[int]:
     children: dict[int, list[int]] = {}
     for pid, ppid in parents.items():
         children.setdefault(ppid, []).append(pid)

@@ -346,6 +346,8 @@ class _Keeper:
         self.started: list[asyncio.Future[int | OSError]] = [
             loop.create_future() for _ in workers]
         self.exited: asyncio.Future[int] = loop.create_future()
+        #: The keeper's end of the socket closed: after a stop, its tree is gone.
+        self.ended: asyncio.Future[None] = loop.create_future()
         self.process: asyncio.SubprocessTransport | None = None
         self.channel: asyncio.BaseTransport | None = None
         self.pid = 0
@@ -375,6 +377,8 @@ class _Keeper:
             worker.exited.set_result(value)
 
     def on_lost(self) -> None:
+        if not self.ended.done():
+            self.ended.set_result(None)
         self.fail_all(OSError(errno.ECHILD, "the worker group's keeper process exited"))
         if self.closing:
             return
@@ -496,6 +500,8 @@ class WorkerGroup:
         self._spare: asyncio.Task[_Spare] | None = None
         self._spare_timer: asyncio.TimerHandle | None = None
         self._closed = False
+        #: Keepers whose trees are gone, exiting (see ``_close_keeper``).
+        self._exiting: set[asyncio.Task[None]] = set()
         #: --preload: the node's zygote (its process, the agent's end of its socket, its exit).
         self._zygote: tuple[asyncio.SubprocessTransport, socket.socket, asyncio.Future[int]] | None = None
 
@@ -742,6 +748,8 @@ class WorkerGroup:
         them too); the keepers the zygote forked live on until their own sockets close."""
         self._closed = True
         await self._drop_spare()
+        if self._exiting:
+            await asyncio.wait(list(self._exiting))  # the last keepers' own exits
         await self._close_zygote()
 
     async def _close_zygote(self) -> None:
@@ -1026,33 +1034,61 @@ class WorkerGroup:
                           "sleep?); giving up on them", KILL_WAIT)
         # Anything still in a worker's group or tree (an orphan that ignored SIGTERM after
         # its parent died) gets SIGKILL, so nothing outlives the group.
-        late = await asyncio.to_thread(self._find_strays)
-        self._signal_all(signal.SIGKILL, late)
-        await self._wait_gone(late, KILL_WAIT)
-        await self._drain()
-        for w in self._workers:
-            if w.stacks is not None:
-                w.stacks.close()
-                if self.assignment is not None:
-                    with contextlib.suppress(OSError):
-                        os.unlink(_stacks_fifo(self.spec, self.assignment, w.local_rank))
-        await self._close_keeper()
+        # The keeper's end (at EOF it SIGKILLs whatever is left of its tree) runs while /proc
+        # is searched: both are on a restart's path, neither needs the other.
+        late_scan = asyncio.ensure_future(asyncio.to_thread(self._find_strays))
+        closing = asyncio.ensure_future(self._close_keeper())
+        try:
+            late = await late_scan
+            self._signal_all(signal.SIGKILL, late)
+            await self._wait_gone(late, KILL_WAIT)
+            await self._drain()
+            for w in self._workers:
+                if w.stacks is not None:
+                    w.stacks.close()
+                    if self.assignment is not None:
+                        with contextlib.suppress(OSError):
+                            os.unlink(_stacks_fifo(self.spec, self.assignment, w.local_rank))
+        finally:
+            await closing
 
     async def _close_keeper(self) -> None:
-        """Close our end of the keeper's socket and wait for it to exit: it ends whatever is
-        left of the tree first (nothing, after a stop that went well)."""
+        """End our half of the keeper's socket and wait until it has ended whatever is left
+        of the tree (nothing, after a stop that went well): it closes its end then, before
+        its own exit, which is awaited in the background (``close`` waits for it)."""
         handle = self._keeper
         if handle is None:
             return
         handle.closing = True
-        if handle.channel is not None:
-            handle.channel.close()
-        if handle.process is not None:
-            _, pending = await asyncio.wait([handle.exited], timeout=KILL_WAIT)
-            if pending:
-                log.error("the keeper process %d did not exit %.0f s after the workers' stop; "
-                          "killing it", handle.pid, KILL_WAIT)
+        channel = handle.channel
+        if channel is not None and channel.can_write_eof() and not channel.is_closing():
+            channel.write_eof()  # EOF for the keeper; its own EOF answers once the tree is gone
+        elif channel is not None:
+            channel.close()
+        if handle.process is None:
+            return
+        done, _ = await asyncio.wait([handle.ended, handle.exited], timeout=KILL_WAIT,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if channel is not None:
+            channel.close()
+        if not done:
+            log.error("the keeper process %d did not end the workers' tree %.0f s after their "
+                      "stop; killing it", handle.pid, KILL_WAIT)
+        if handle.exited.done() or not done:
             handle.process.close()  # kills it if it is still there
+            return
+        task = asyncio.get_running_loop().create_task(self._keeper_exit(handle))
+        self._exiting.add(task)
+        task.add_done_callback(self._exiting.discard)
+
+    async def _keeper_exit(self, handle: _Keeper) -> None:
+        """A keeper that ended its tree exits on its own; killed if it has not after a while."""
+        _, pending = await asyncio.wait([handle.exited], timeout=KILL_WAIT)
+        if pending:
+            log.error("the keeper process %d did not exit %.0f s after the workers' stop; "
+                      "killing it", handle.pid, KILL_WAIT)
+        assert handle.process is not None
+        handle.process.close()  # kills it if it is still there
 
     def _find_strays(self) -> dict[int, psutil.Process]:
         """Processes of the workers' trees other than the workers themselves.
@@ -1063,20 +1099,16 @@ class WorkerGroup:
         """
         me = os.getpid()
         worker_pids = {w.pid for w in self._workers if w.pid}
-        found: dict[int, psutil.Process] = {}
-        for w in self._workers:
-            if not w.pid or w.exited.done():
-                continue
-            with contextlib.suppress(psutil.Error):
-                for child in psutil.Process(w.pid).children(recursive=True):
-                    found[child.pid] = child
+        roots = [w.pid for w in self._workers if w.pid and not w.exited.done()]
         handle = self._keeper
         if handle is not None and handle.pid and not handle.exited.done():
-            # The keeper is the tree's subreaper: its descendants are the whole tree.
-            with contextlib.suppress(psutil.Error):
-                for proc in psutil.Process(handle.pid).children(recursive=True):
-                    if proc.pid not in worker_pids:
-                        found[proc.pid] = proc
+            roots.append(handle.pid)  # the tree's subreaper: its descendants are the tree
+        found: dict[int, psutil.Process] = {}
+        parents = keeper.parents() if roots else {}  # one walk of /proc for every root
+        for root in roots:
+            for pid in keeper.descendants(root, parents) - worker_pids:
+                with contextlib.suppress(psutil.Error):
+                    found[pid] = psutil.Process(pid)
         keeper_pid = handle.pid if handle is not None else 0
         markers = [b"\0TORCHELASTIC_ERROR_FILE=" + os.fsencode(w.error_file) + b"\0"
                    for w in self._workers]
