@@ -146,7 +146,7 @@ KEY_HELP: tuple[tuple[str, str, str, str | None], ...] = (
     ("Job", "s", "stop the job on every node (confirm; shows the acks)", "stop"),
     ("Job", "K", "send SIGTERM to the selected rank (confirm)", "kill_rank"),
     ("Job", "d", "every rank's Python stacks, identical ones grouped, odd ones first "
-     "(read-only: no confirm, allowed with --read-only)", None),
+     "(no confirm; sends a stacks request, so not with --read-only)", None),
     ("Job", "q", "detach (the job keeps running)", None),
     ("Logs", "/", "filter lines by regex (smart case); enter keeps it, esc clears it", None),
     ("Logs", "a", "all ranks interleaved / the selected rank only", None),
@@ -983,11 +983,12 @@ class ConsoleApp(App[int]):
         self.rank_table.border_title = f"Ranks · {description}"
 
     def action_stacks(self) -> None:
-        """Every rank's stacks (issue 13). The request changes nothing in the job: no confirm,
-        and ``--read-only`` allows it; a Redis user who may not write the command stream
-        cannot send it, and without a running agent nobody would answer."""
+        """Every rank's stacks (issue 13). The request changes nothing in the job (no confirm),
+        but it is a write (a ``stacks`` command), so ``--read-only`` and a Redis user who may
+        not write the command stream refuse it; without a running agent nobody would answer.
+        A read-only console still shows a capture that exists (a stall's, from the timeline)."""
         view = self.view
-        why = self.write_denied
+        why = self._read_only_reason()
         if not why and not self.loaded:
             why = "the job's state is still being read"
         elif not why and view.state in FINAL_STATES:

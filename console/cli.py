@@ -8,7 +8,7 @@
     elastic-console stop JOB [--yes] [--timeout S]
     elastic-console stacks JOB [--rank R] [--json] [--timeout S]
     elastic-console attach [JOB] [--read-only] [--scrollback N]   (no JOB: the list of jobs)
-    elastic-console serve [JOB] [--host H] [--port N] [--allow-commands]   (a web browser)
+    elastic-console serve [JOB] [--host H] [--port N] [--allow-commands] [--max-sessions N]
     elastic-console rm JOB [--force] [--timeout S]
 
 ``--redis URL`` (before or after the subcommand) names the server; default
@@ -66,6 +66,7 @@ from elastic_agent.coordination.text import sanitize, strip_sgr, terminal_line
 from .client import Ack, JobClient
 from .dedupe import Collapser, Group
 from .formatting import fmt_age, fmt_bytes
+from .serve import DEFAULT_MAX_SESSIONS  # the module imports aiohttp only when it serves
 from .state import (
     DEFAULT_ALL_SCROLLBACK,
     DEFAULT_SCROLLBACK,
@@ -209,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="let the browser restart, stop and signal (default: read-only)")
     sv.add_argument("--scrollback", type=_positive_int, default=DEFAULT_SCROLLBACK, metavar="N",
                     help=f"log lines kept per rank (default {DEFAULT_SCROLLBACK})")
+    sv.add_argument("--max-sessions", type=_positive_int, default=DEFAULT_MAX_SESSIONS,
+                    metavar="N", help="browser sessions (each a console process) at once "
+                    f"(default {DEFAULT_MAX_SESSIONS})")
     return p
 
 
@@ -267,7 +271,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return serve(ep, None if args.job is None else _job(args), host=args.host,
                      port=args.port, allow_commands=args.allow_commands,
-                     scrollback=args.scrollback)
+                     scrollback=args.scrollback, max_sessions=args.max_sessions)
     commands: dict[str, Callable[[Endpoint, argparse.Namespace], Coroutine[Any, Any, int]]] = {
         "ls": _ls, "status": _status, "logs": _logs, "events": _events,
         "restart": _command, "stop": _command, "stacks": _stacks, "rm": _rm,
@@ -356,6 +360,8 @@ async def _ls(ep: Endpoint, args: argparse.Namespace) -> int:
         jobs = await client.list_jobs()
     finally:
         await client.close()
+    if client.index_note:
+        print(terminal_line(f"{PROG}: note: {client.index_note}", False), file=sys.stderr)
     if args.json:
         _out(json.dumps([j.to_json() for j in jobs]))
         return EXIT_OK

@@ -100,7 +100,25 @@ LIST_EVENTS_PER_JOB = 64
 #: An index entry without records is a job that expired or was removed (agents list a job
 #: after writing its meta), unless it is younger than this (an older agent listed it first).
 INDEX_GRACE_MS = 1_000
+#: Index entries one list looks at, the newest first. Every job's agent user may add entries
+#: to the index (docs/SECURITY.md), so it may be flooded: this bounds a list's memory and
+#: time (one EXISTS per entry, ~20 ms for 20,000), and ``index_note`` says when it was hit.
+INDEX_READ_MAX = 20_000
+#: Entries dated later than the server's clock by more than this are forged (an agent lists
+#: its job at the server's TIME): never read, counted in ``index_note``.
+INDEX_FUTURE_SLACK_MS = 60_000
 ACTIVE_NODES_EVENTS = 5_000  # events folded to find the nodes expected to ack
+#: Events read ``EVENTS_PAGE`` at a time, newest first, and kept until their data passes
+#: ``HISTORY_EVENT_BYTES`` (honest events are a few hundred bytes: 10,000 are ~3 MB). Anyone
+#: who may write the job can make each event 1 MiB: 10,000 of them in one reply were 10 GB;
+#: a page is at most ~32 MiB of decodable data (10,000 events: ~300 round trips, ~60 ms here).
+EVENTS_PAGE = 32
+HISTORY_EVENT_BYTES = 32 * 1024 * 1024
+#: list_jobs: unfinished jobs whose events one round trip reads (a reply: at most 128 entries,
+#: ~128 MiB of decodable data if a writer made each one 1 MiB), and the data bytes of the
+#: newest events it keeps per job (64 honest events are ~20 KB).
+LIST_JOBS_PER_READ = 2
+LIST_EVENT_BYTES = 256 * 1024
 BACKOFF_START, BACKOFF_MAX = 0.05, 1.0
 
 _CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, socket.timeout, OSError)
@@ -166,6 +184,8 @@ class JobClient:
                  retries: int = 2) -> None:
         self.endpoint = endpoint if isinstance(endpoint, Endpoint) else parse_endpoint(endpoint)
         self.job_id = validate_job_id(job_id) if job_id is not None else None
+        #: Set by ``list_jobs``: one line when the job index held more than it read.
+        self.index_note: str | None = None
         self._job_keys = JobKeys(job_id) if job_id is not None else None
         # Named: a --standalone agent keeps its Redis up while a console of its job is there.
         name = console_client_name(job_id) if job_id is not None else None
@@ -243,15 +263,11 @@ class JobClient:
     async def list_jobs(self) -> list[JobSummary]:
         """Every job of the job index, newest first, summarised from its meta, its restart
         counter, its last completed round and, for a job that has not ended, a fold of its
-        last few hundred events. Entries of jobs whose records are gone are dropped."""
+        last few hundred events. Entries of jobs whose records are gone are dropped; at most
+        ``INDEX_READ_MAX`` entries are read (``index_note`` says when there were more)."""
         with self._errors():
-            raw = await self._client.zrevrange(JOBS_INDEX, 0, -1, withscores=True)
-            jobs: list[tuple[str, JobKeys, float]] = []
-            for member, score in raw:
-                job = _s(member)
-                with contextlib.suppress(InvalidJobIdError):
-                    jobs.append((job, JobKeys(job), float(score)))
             now_ms = await self._server_ms()
+            jobs, gone = await self._index_entries(now_ms)
             pipe = self._client.pipeline(transaction=False)
             for _, k, _ in jobs:
                 pipe.hgetall(k.meta)
@@ -266,29 +282,38 @@ class JobClient:
             # round say all `ls` shows, and a server keeps far more ended jobs than running
             # ones (1,000 jobs: 0.2 s instead of 1 s, see bench/redis_memory.py).
             unfinished = [i for i in range(len(jobs)) if not _is_final(replies[5 * i])]
-            pipe = self._client.pipeline(transaction=False)
-            for i in unfinished:
-                pipe.xrevrange(jobs[i][1].events, count=LIST_EVENTS_PER_JOB)
-            fetched = await pipe.execute(raise_on_error=False) if unfinished else []
-            _raise_outage(fetched)
-        events_of = dict(zip(unfinished, fetched))
+            events_of: dict[int, Any] = {}
+            streamed: set[int] = set()  # jobs whose event stream has entries, good or not
+            # A few jobs per round trip, each reply decoded (and its raw entries dropped)
+            # before the next: one reply holds at most LIST_JOBS_PER_READ x 64 entries.
+            for g in range(0, len(unfinished), LIST_JOBS_PER_READ):
+                group = unfinished[g:g + LIST_JOBS_PER_READ]
+                pipe = self._client.pipeline(transaction=False)
+                for i in group:
+                    pipe.xrevrange(jobs[i][1].events, count=LIST_EVENTS_PER_JOB)
+                fetched = await pipe.execute(raise_on_error=False)
+                _raise_outage(fetched)
+                for i, raw_events in zip(group, fetched):
+                    if raw_events and not isinstance(raw_events, Exception):
+                        streamed.add(i)
+                    events_of[i] = (raw_events if isinstance(raw_events, Exception)
+                                    else _newest_decoded(raw_events, LIST_EVENT_BYTES))
+                del fetched
         out = []
-        expired = []
+        expired = gone
         for i, (job, _, score) in enumerate(jobs):
             mine = [*replies[5 * i: 5 * i + 5], events_of.get(i)]
             meta, restarts, round_raw, beat, ttl, events = (
                 None if isinstance(r, Exception) else r for r in mine)
-            if (not any(mine[:4]) and not mine[5] and i in events_of
-                    and not any(isinstance(r, Exception) for r in mine)
-                    and now_ms - score > INDEX_GRACE_MS):
-                expired.append(job)  # its records expired (or were removed): not a job now
+            if (not any(mine[:4]) and i not in streamed and i in events_of
+                    and not any(isinstance(r, Exception) for r in mine)):
+                # Its records expired (or were removed) since they were checked: not a job now.
+                if now_ms - score > INDEX_GRACE_MS:
+                    expired.append(job)
                 continue
             view = JobView(job, scrollback=1)
             view.apply_meta(meta or {})
-            for entry_id, fields in reversed(events if isinstance(events, list) else []):
-                ev = decode_event(entry_id, fields)
-                if ev is not None:
-                    view.apply_event(ev)
+            view.apply_events(events if isinstance(events, list) else [])
             view.apply_liveness(_newest_beat(beat), now_ms)
             rnd = _round_info(round_raw)
             # Only the newest events are folded: unless they hold the last completed round,
@@ -314,6 +339,44 @@ class JobClient:
             with contextlib.suppress(redis.RedisError):
                 await self._sweep_lost(JobKeys(job))
         return out
+
+    async def _index_entries(self, now_ms: int) -> tuple[list[tuple[str, JobKeys, float]],
+                                                         list[Any]]:
+        """The job index's entries whose job has records (a meta or events), newest first,
+        and the members to tidy away (no records, older than the grace; not a job id). At
+        most ``INDEX_READ_MAX`` entries dated up to the server's clock are looked at, one
+        EXISTS each: the index is writable by every job's agent (docs/SECURITY.md), whose
+        entries are only believed for jobs that exist. Sets ``index_note`` when entries were
+        left unread (a flooded index)."""
+        raw = await self._client.zrevrangebyscore(
+            JOBS_INDEX, now_ms + INDEX_FUTURE_SLACK_MS, "-inf", start=0, num=INDEX_READ_MAX,
+            withscores=True)
+        entries: list[tuple[Any, str, JobKeys, float]] = []
+        gone: list[Any] = []
+        for member, score in raw:
+            job = _s(member)
+            try:
+                entries.append((member, job, JobKeys(job), float(score)))
+            except InvalidJobIdError:
+                gone.append(member)  # not a job id at all: nothing to keep it for
+        pipe = self._client.pipeline(transaction=False)
+        for _, _, k, _ in entries:
+            pipe.exists(k.meta, k.events)
+        found = await pipe.execute(raise_on_error=False) if entries else []
+        _raise_outage(found)
+        jobs = []
+        for (member, job, k, score), n in zip(entries, found):
+            if isinstance(n, Exception) or n:  # unreadable: shown as what it is, not hidden
+                jobs.append((job, k, score))
+            elif now_ms - score > INDEX_GRACE_MS:
+                gone.append(member)
+        total = await self._client.zcard(JOBS_INDEX)
+        unread = int(total) - len(raw)
+        self.index_note = None if unread <= 0 else (
+            f"the job index holds {int(total)} entries: {unread} were not read (the newest "
+            f"{INDEX_READ_MAX} dated up to now are); any job's agent user may add entries, "
+            f"see docs/SECURITY.md to find and prune them")
+        return jobs, gone
 
     async def _sweep_lost(self, keys: JobKeys) -> None:
         """A lost job's keys made after its agents' last lease renewal (a new round's store,
@@ -422,23 +485,13 @@ class JobClient:
                             max_log_entries_per_stream: int) -> tuple[list[Event], list[LogBatch]]:
         # Raw redis errors: follow() tells an outage from a refusal by their type.
         k = self.keys
+        events, newest = await self._newest_events(max_events)
+        self._last_ids[k.events] = newest or "0-0"
         pipe = self._client.pipeline(transaction=False)
-        pipe.xrevrange(k.events, count=max(1, max_events))
         pipe.smembers(k.log_streams)
-        raw_events, raw_streams = await pipe.execute(raise_on_error=False)
-        _raise_outage([raw_events, raw_streams])
-        if isinstance(raw_events, Exception):
-            raw_events = self._refused(k.events, raw_events)
+        (raw_streams,) = await pipe.execute(raise_on_error=False)
+        _raise_outage([raw_streams])
         streams = self._log_stream_names(raw_streams)
-        self._last_ids[k.events] = _s(raw_events[0][0]) if raw_events else "0-0"
-        events = []
-        if max_events > 0:
-            for entry_id, fields in reversed(raw_events):
-                ev = decode_event(entry_id, fields)
-                if ev is not None:
-                    events.append(ev)
-                else:
-                    self.skipped += 1
         lists: list[list[LogBatch]] = []
         # A few streams per round trip, each reply decoded before the next is read: the raw
         # replies of every stream at once (~1 KiB an entry, 70k entries at 1,024 ranks) were
@@ -460,6 +513,40 @@ class JobClient:
             del per_stream
         logs = list(heapq.merge(*lists, key=lambda b: _id_key(b.id))) if lists else []
         return events, logs
+
+    async def _newest_events(self, n: int, *, count: bool = True) -> tuple[list[Event], str | None]:
+        """The newest ``n`` events, oldest first, and the newest id (None: none); read a page
+        at a time and kept until their data passes ``HISTORY_EVENT_BYTES`` (then the older
+        ones are left out); ``count``: add what was left out to ``skipped``."""
+        key = self.keys.events
+        out: list[Event] = []
+        newest: str | None = None
+        high, left, budget = "+", max(1, n), HISTORY_EVENT_BYTES
+        while left > 0:
+            count = min(EVENTS_PAGE, left)
+            try:
+                page = await self._client.xrevrange(key, max=high, min="-", count=count)
+            except redis.ResponseError as exc:
+                self._refused(key, exc)  # WRONGTYPE: skipped and counted; else raised
+                return out[::-1], newest
+            for entry_id, fields in page:
+                newest = newest or _s(entry_id)
+                if n <= 0:
+                    return [], newest  # only the cursor was wanted
+                ev = decode_event(entry_id, fields)
+                if ev is None:
+                    self.skipped += count
+                    continue
+                out.append(ev)
+                budget -= len(fields.get(b"data", fields.get("data", b"")))
+            if budget <= 0:
+                self.skipped += count  # the older events are left out: say so
+                break
+            if len(page) < count:
+                break
+            left -= len(page)
+            high = "(" + _s(page[-1][0])  # exclusive: the page after the oldest one read
+        return out[::-1], newest
 
     def _decode_logs(self, entries: Any) -> list[LogBatch]:
         out: list[LogBatch] = []
@@ -712,12 +799,9 @@ class JobClient:
         last ``rendezvous_complete`` minus those lost or left since (``JobView.active_nodes``
         over the last few thousand events)."""
         with self._errors():
-            raw = await self._client.xrevrange(self.keys.events, count=ACTIVE_NODES_EVENTS)
+            events, _ = await self._newest_events(ACTIVE_NODES_EVENTS, count=False)
         view = JobView(self.keys.job_id, scrollback=1)
-        for entry_id, fields in reversed(raw or []):
-            ev = decode_event(entry_id, fields)
-            if ev is not None:
-                view.apply_event(ev)
+        view.apply_events(events)
         return view.active_nodes()
 
     async def wait_acks(self, command_id: str, expected_nodes: int | None = None,
@@ -841,6 +925,20 @@ def _id_key(entry_id: str) -> tuple[int, int]:
 
 def _is_wrongtype(exc: BaseException) -> bool:
     return isinstance(exc, redis.ResponseError) and str(exc).startswith("WRONGTYPE")
+
+
+def _newest_decoded(entries: list[Any], budget: int) -> list[Event]:
+    """The events of an XREVRANGE reply (newest first), oldest first, decoded; the newest kept
+    until their data passes ``budget`` bytes, the malformed left out."""
+    out = []
+    for entry_id, fields in entries:
+        if budget <= 0:
+            break
+        ev = decode_event(entry_id, fields)
+        if ev is not None:
+            out.append(ev)
+            budget -= len(fields.get(b"data", fields.get("data", b"")))
+    return out[::-1]
 
 
 def _raise_outage(replies: list[Any]) -> None:

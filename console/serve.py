@@ -11,13 +11,20 @@ Safety, by default:
 * **read-only**: the restart, stop, signal and stacks keys say "read-only: started without
   --allow-commands" and send nothing; only ``--allow-commands`` gives the browser the
   terminal console's commands (each still behind its confirm dialog);
-* **a random access token** (``secrets.token_urlsafe(24)``) in the printed URL. Every request
-  is checked by an aiohttp middleware in front of textual-serve's routes (its index page, its
-  websocket, its static files and downloads): the token in the query (compared in constant
-  time) or the cookie the index page sets with it (HttpOnly, SameSite=Strict, so the page's
-  scripts, styles and websocket need no token in their URLs and a page of another site cannot
-  use it). Anything else gets 403. The websocket also refuses a foreign ``Origin`` (a page
-  elsewhere driving the console through the user's cookie).
+* **a secret path**: a random token (``secrets.token_urlsafe(24)``) is the first segment of
+  every URL the console serves (``http://127.0.0.1:8765/TOKEN/``): textual-serve's app (its
+  index page, websocket and static files) is mounted under it, and an aiohttp middleware in
+  front of everything compares the segment in constant time; anything else gets 403. No
+  cookie: a browser sends a host's cookies to every port of that host (another user's
+  TensorBoard on a shared node, anything at the laptop's end of an SSH tunnel), so a cookie
+  holding the token would give it away. The one exception is textual-serve's
+  ``/download/KEY``, which its page script opens at the root: the key (a uuid4 the console
+  makes for one download, gone once it is fetched) is its own secret. The websocket also
+  refuses a foreign ``Origin``, and the page and its files say ``Referrer-Policy:
+  no-referrer`` (the URL holds the token);
+* **a bounded number of sessions**: each websocket runs a console process, so at most
+  ``--max-sessions`` (default :data:`DEFAULT_MAX_SESSIONS`) run at once; one more gets 503 and
+  a line on the server's stderr.
 
 The Redis URL (with its password, if any) reaches the per-tab console through an environment
 variable of the server process, never its command line (``ps`` shows command lines to every
@@ -31,10 +38,12 @@ import asyncio
 import contextlib
 import hmac
 import os
+import re
 import secrets
 import shlex
 import signal
 import sys
+import time
 from typing import Any
 
 from elastic_agent.coordination.connection import Endpoint, parse_endpoint, redact
@@ -43,11 +52,14 @@ from elastic_agent.coordination.text import terminal_line
 
 from .state import DEFAULT_SCROLLBACK
 
-__all__ = ["READ_ONLY_WHY", "TOKEN_COOKIE", "make_web_app", "serve"]
+__all__ = ["DEFAULT_MAX_SESSIONS", "READ_ONLY_WHY", "make_web_app", "serve"]
 
 #: What a command key says in the browser when ``--allow-commands`` was not given.
 READ_ONLY_WHY = "read-only: started without --allow-commands"
-TOKEN_COOKIE = "elastic_console_token"
+#: Browser sessions (each a console process, 25 MiB and up) that may run at once.
+DEFAULT_MAX_SESSIONS = 8
+#: textual-serve's page opens a download at ``/download/<the uuid4 hex textual makes>``.
+_DOWNLOAD = re.compile(r"/download/[0-9a-f]{32}")
 _URL_ENV = "_ELASTIC_CONSOLE_SERVE_URL"
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -66,48 +78,70 @@ def _token_ok(supplied: str | None, token: str) -> bool:
     return bool(supplied) and hmac.compare_digest(str(supplied).encode(), token.encode())
 
 
-def make_web_app(server: Any, token: str) -> Any:
-    """textual-serve's aiohttp application for ``server`` with the token checked on every
-    request (see the module doc). A coroutine: ``await make_web_app(...)``."""
+def make_web_app(server: Any, token: str, max_sessions: int = DEFAULT_MAX_SESSIONS) -> Any:
+    """textual-serve's aiohttp application for ``server``, mounted under ``/token/``, with the
+    token checked on every request and the sessions counted (see the module doc). A
+    coroutine: ``await make_web_app(...)``."""
     from aiohttp import web
+
+    prefix = f"/{token}/"
+    sessions = 0
+    said = -60.0  # when the last refusal was reported (one line a minute at most)
 
     @web.middleware
     async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
-        by_query = _token_ok(request.query.get("token"), token)
-        if not (by_query or _token_ok(request.cookies.get(TOKEN_COOKIE), token)):
+        nonlocal sessions, said
+        path = request.path
+        if not _token_ok(path[1:].split("/", 1)[0], token) and not _DOWNLOAD.fullmatch(path):
             raise web.HTTPForbidden(text="elastic-console serve: this URL needs the access "
                                     "token printed when the server started\n")
-        origin = request.headers.get("Origin")
-        if request.path == "/ws" and origin and origin not in (
-                f"http://{request.host}", f"https://{request.host}"):
-            raise web.HTTPForbidden(text="elastic-console serve: foreign origin\n")
-        if request.path == "/":
+        if path == prefix[:-1]:
+            raise web.HTTPFound(prefix)  # the page's relative URLs need the slash
+        if path == prefix:
             # textual-serve writes absolute URLs (static files, websocket) from public_url:
-            # make them the host the browser used, or the cookie would not go with them
-            # ("localhost" vs "127.0.0.1", an SSH tunnel's port). Set before the handler,
-            # which renders without awaiting anything first.
+            # make them the host the browser used (an SSH tunnel's port). Set before the
+            # handler, which renders without awaiting anything first.
             server.public_url = f"{request.scheme}://{request.host}"
-        response = await handler(request)
-        if by_query and request.path == "/" and not response.prepared:
-            response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict", path="/")
-            response.headers["Referrer-Policy"] = "no-referrer"  # the URL holds the token
-            response.headers["Cache-Control"] = "no-store"
-        return response
+        if path != prefix + "ws":
+            response = await handler(request)
+            if not response.prepared:
+                response.headers["Referrer-Policy"] = "no-referrer"
+                response.headers["Cache-Control"] = "no-store"
+            return response
+        origin = request.headers.get("Origin")
+        if origin and origin not in (f"http://{request.host}", f"https://{request.host}"):
+            raise web.HTTPForbidden(text="elastic-console serve: foreign origin\n")
+        if sessions >= max_sessions:
+            if time.monotonic() - said >= 60:
+                said = time.monotonic()
+                print(f"elastic-console: refusing browser sessions beyond {max_sessions} "
+                      "(--max-sessions)", file=sys.stderr, flush=True)
+            raise web.HTTPServiceUnavailable(
+                text=f"elastic-console serve: {sessions} sessions are running, the most "
+                "this server allows (--max-sessions): close a tab\n")
+        sessions += 1
+        try:  # the handler returns when the session ends
+            return await handler(request)
+        finally:
+            sessions -= 1
 
     async def quiet(app: web.Application) -> None:
         pass  # textual-serve prints a banner with the command and a URL without the token
 
     async def build() -> web.Application:
         server.on_startup = quiet
-        app = await server._make_app()
-        app.middlewares.append(guard)
+        console = await server._make_app()
+        app = web.Application(middlewares=[guard])
+        app.add_subapp(prefix[:-1], console)
+        app.router.add_get("/download/{key}", server.handle_download)
         return app
 
     return build()
 
 
 def serve(endpoint: Endpoint, job: str | None, *, host: str = "127.0.0.1", port: int = 8765,
-          allow_commands: bool = False, scrollback: int = DEFAULT_SCROLLBACK) -> int:
+          allow_commands: bool = False, scrollback: int = DEFAULT_SCROLLBACK,
+          max_sessions: int = DEFAULT_MAX_SESSIONS) -> int:
     """Serve the console until interrupted (Ctrl-C, SIGTERM); print the URL with its token."""
     try:
         from aiohttp import web
@@ -123,7 +157,8 @@ def serve(endpoint: Endpoint, job: str | None, *, host: str = "127.0.0.1", port:
                     title=title)
 
     async def main() -> None:
-        runner = web.AppRunner(await make_web_app(server, token), handle_signals=False)
+        runner = web.AppRunner(await make_web_app(server, token, max_sessions),
+                               handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         try:
@@ -138,7 +173,7 @@ def serve(endpoint: Endpoint, job: str | None, *, host: str = "127.0.0.1", port:
         what = f"job {job}" if job else f"the jobs on {endpoint.display}"
         mode = "commands allowed" if allow_commands else "read-only"
         print(terminal_line(f"elastic-console: serving {what} ({mode}) at "
-                            f"{server.public_url}/?token={token}", False), flush=True)
+                            f"{server.public_url}/{token}/", False), flush=True)
         if host not in _LOOPBACK:
             print(f"elastic-console: warning: listening on {host}: anyone who can reach it "
                   "and has the URL (its token) sees the job", file=sys.stderr, flush=True)

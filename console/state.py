@@ -54,7 +54,11 @@ hand-written entry) when the same node wrote the same type with the same data am
 few hundred events (events carry pids, timestamps or counters, so a genuine repeat is never
 identical; ``logs_dropped`` is exempt).
 
-Memory is bounded: ``scrollback`` lines per rank (default 2,000), ``all_scrollback`` lines in the
+Memory is bounded whatever the records say: at most ``MAX_VIEW_RANKS`` ranks (entries and log
+rings; only ranks within the world once a round gave it) and ``MAX_VIEW_NODES`` nodes, every
+list of an event taken through :func:`~elastic_agent.coordination.protocol.record_list`, names,
+timeline text and detail cut (``MAX_NOTE_CHARS``, ``MAX_DETAIL_CHARS``); within those,
+``scrollback`` lines per rank (default 2,000), ``all_scrollback`` lines in the
 interleaved all-ranks view (default 50,000; the same line objects as the ranks' newest), a
 bounded timeline, bounded resource history. For 1,024 ranks that is at most ~2M lines held:
 the ranks' rings pack all but their newest lines
@@ -76,6 +80,7 @@ safe to show; render it with ``Text.from_ansi``, never as markup.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections import deque
@@ -83,7 +88,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from elastic_agent.coordination.protocol import RESTART_PHASES, Event, EventType, LogBatch
+from elastic_agent.coordination.protocol import (
+    MAX_NAME_CHARS,
+    MAX_RANK,
+    RESTART_PHASES,
+    Event,
+    EventType,
+    LogBatch,
+    is_rank,
+    rank_list,
+    record_list,
+)
 from elastic_agent.coordination.text import sanitize
 
 from .dedupe import format_ranks
@@ -118,6 +133,17 @@ TIMELINE_LIMIT = 2000
 _EVENT_DEDUPE_WINDOW = 512  # events without seq: content fingerprints remembered
 _EVENT_SEQ_WINDOW = 16_384  # events with seq: (node, seq) pairs remembered
 _ACK_COMMANDS_LIMIT = 1000
+#: The most ranks (entries and log rings) and nodes a view keeps: the design's largest job,
+#: 32,768 ranks on 4,096 nodes (twice as many node ids: agents restart with new ones). A rank
+#: entry costs ~1.7 KiB before its lines. Records that name more are ignored and counted, so
+#: no forged event can make a console or a CLI command hold more (issue 24: three 1 MB events
+#: of 140k ranks each drove ``status`` to 899 MB).
+MAX_VIEW_RANKS = 32_768
+MAX_VIEW_NODES = 8_192
+#: Timeline entries keep at most this much text and detail (a traceback: its head and tail):
+#: the timeline holds ``TIMELINE_LIMIT`` entries, each from an event of up to 1 MiB.
+MAX_NOTE_CHARS = 1_024
+MAX_DETAIL_CHARS = 16_384
 
 
 @dataclass(slots=True)
@@ -364,6 +390,8 @@ class JobView:
         the rank's lines as they arrive."""
         buf = self.logs.get(rank)
         if buf is None:
+            if len(self.logs) >= MAX_VIEW_RANKS:
+                return LogBuffer(1)  # past the bound: an empty ring nothing will fill
             buf = self.logs[rank] = PackedLogBuffer(self.scrollback)
         return buf
 
@@ -386,7 +414,8 @@ class JobView:
     def add_note(self, server_ms: int, kind: str, text: str, detail: str = "") -> None:
         """Add a timeline entry that is not an event (e.g. "restart command c-1 sent" by this
         console). Text is sanitized like everything else."""
-        self.timeline.append(TimelineEntry(int(server_ms), kind, sanitize(str(text)),
+        self.timeline.append(TimelineEntry(int(server_ms), kind,
+                                           sanitize(_clip(str(text), MAX_NOTE_CHARS)),
                                            _detail(detail)))
         self.timeline_total += 1
         self.version += 1
@@ -546,7 +575,8 @@ class JobView:
         replaced by each newer state."""
         try:
             rank, lines, stream = batch.rank, batch.lines, batch.stream
-            if type(rank) is not int or not isinstance(lines, list):
+            if type(rank) is not int or not isinstance(lines, list) or (
+                    rank not in self.logs and len(self.logs) >= MAX_VIEW_RANKS):
                 self.ignored += 1
                 return
             if self._dedupe.seen(batch):
@@ -572,11 +602,13 @@ class JobView:
             if row is not None:
                 self._inplace.hold(batch, row)
         rs = self.ranks.get(rank)
-        if rs is None and (self.world_size is None or 0 <= rank < self.world_size):
+        if rs is None:
             # Lines can arrive before the workers_started event (different streams).
-            rs = self.ranks[rank] = RankState(rank, node=sanitize(str(batch.node)),
-                                              local_rank=_int(batch.local_rank, None))
-            rs.host = self._host_of(rs.node)
+            rs = self._new_rank(rank)
+            if rs is not None:
+                rs.node = sanitize(str(batch.node)[:MAX_NAME_CHARS])
+                rs.local_rank = _int(batch.local_rank, None)
+                rs.host = self._host_of(rs.node)
         if rs is not None and ms > rs.last_line_ms:
             self._printed(rs, ms)
         self.version += 1
@@ -602,10 +634,11 @@ class JobView:
                 continue
             rs = self.ranks.get(rank)
             if rs is None:
-                if self.world_size is not None and not 0 <= rank < self.world_size:
-                    continue  # a sample left behind by a rank that no longer exists
-                rs = self.ranks[rank] = RankState(rank)
-                rs.node = sanitize(str(sample.get("node", "")))
+                # None: a sample left behind by a rank that no longer exists, or past the bound
+                rs = self._new_rank(rank)
+                if rs is None:
+                    continue
+                rs.node = sanitize(str(sample.get("node", ""))[:MAX_NAME_CHARS])
                 rs.host = self._host_of(rs.node)
             ts = _float(sample.get("ts"), None)
             if ts is not None and ts == rs.sample_ts:
@@ -633,7 +666,9 @@ class JobView:
         elif ev.type == EventType.LOGS_DROPPED:
             return False  # two overflow episodes of the same size are both real
         else:
-            key = (ev.type, ev.node, json.dumps(ev.data, sort_keys=True, default=str))
+            # A digest, not the text: 512 events of 1 MiB each would otherwise be kept whole.
+            data = json.dumps(ev.data, sort_keys=True, default=str).encode("utf-8", "replace")
+            key = (ev.type, ev.node, hashlib.blake2b(data, digest_size=16).hexdigest())
             seen, order, window = self._recent_set, self._recent_events, _EVENT_DEDUPE_WINDOW
         if key in seen:
             return True
@@ -644,17 +679,32 @@ class JobView:
         return False
 
     def _note(self, ev: Event, kind: str, text: str, detail: Any = "", ref: str = "") -> None:
-        self.timeline.append(TimelineEntry(ev.server_ms, kind, sanitize(text),
-                                           _detail(detail), sanitize(ref)))
+        self.timeline.append(TimelineEntry(ev.server_ms, kind,
+                                           sanitize(_clip(text, MAX_NOTE_CHARS)),
+                                           _detail(detail), sanitize(ref[:MAX_NAME_CHARS])))
         self.timeline_total += 1
 
     def _node(self, node_id: str, host: Any = None) -> NodeInfo:
         info = self.nodes.get(node_id)
         if info is None:
-            info = self.nodes[node_id] = NodeInfo(host=_host(host, node_id))
+            info = NodeInfo(host=_host(host, node_id))
+            if len(self.nodes) < MAX_VIEW_NODES:
+                self.nodes[node_id] = info
+            else:
+                self.ignored += 1  # past the bound: a record nobody keeps
         elif host:
-            info.host = sanitize(str(host))
+            info.host = _host(host, node_id)
         return info
+
+    def _new_rank(self, rank: int) -> RankState | None:
+        """A new entry for ``rank`` (not in ``ranks``), if the rank may exist: a rank of the
+        world when it is known, while the view holds fewer than ``MAX_VIEW_RANKS``."""
+        world = self.world_size
+        if not is_rank(rank) or (world is not None and rank >= world) \
+                or len(self.ranks) >= MAX_VIEW_RANKS:
+            return None
+        rs = self.ranks[rank] = RankState(rank)
+        return rs
 
     def _host_of(self, node_id: str) -> str:
         info = self.nodes.get(node_id)
@@ -677,7 +727,7 @@ class JobView:
         if not isinstance(lost, str) or not lost:
             self.ignored += 1
             return
-        lost = sanitize(lost)
+        lost = sanitize(lost[:MAX_NAME_CHARS])
         info = self._node(lost, d.get("host"))
         info.status = LOST
         self._note(ev, "node", f"node {info.host} lost: its heartbeats stopped ({lost})")
@@ -687,10 +737,10 @@ class JobView:
         world = _int(d.get("world_size"), None)
         members: list[str] = []
         lines = []
-        for n in d.get("nodes") or []:
+        for n in record_list(d.get("nodes"), MAX_VIEW_NODES):
             if not isinstance(n, dict) or not isinstance(n.get("node"), str):
                 continue
-            member = sanitize(n["node"])
+            member = sanitize(n["node"][:MAX_NAME_CHARS])
             info = self._node(member, n.get("host"))
             info.status = JOINED
             info.group_rank = _int(n.get("group_rank"), None)
@@ -701,7 +751,7 @@ class JobView:
             if node_id not in members:
                 info.group_rank = None
         self._round_nodes = members
-        if world is not None and world >= 0:
+        if world is not None and 0 <= world <= MAX_RANK:
             self.world_size = world
             for rank in [r for r in self.ranks if r >= world]:
                 del self.ranks[rank]
@@ -711,18 +761,22 @@ class JobView:
                    "\n".join(lines))
 
     def _on_workers_started(self, ev: Event, node: str, d: dict[str, Any]) -> None:
-        ranks = d.get("ranks") or []
-        local = d.get("local_ranks") or []
-        pids = d.get("pids") or []
-        host = sanitize(str(d["host"])) if d.get("host") else self._host_of(node)
+        ranks = record_list(d.get("ranks"))  # one node's workers: past the bound, ignored
+        local = record_list(d.get("local_ranks"))
+        pids = record_list(d.get("pids"))
+        host = _host(d["host"], node) if d.get("host") else self._host_of(node)
         self._node(node, d.get("host"))
+        refused = False
         for i, r in enumerate(ranks):
             rank = _int(r, None)
             if rank is None:
                 continue
             rs = self.ranks.get(rank)
             if rs is None:
-                rs = self.ranks[rank] = RankState(rank)
+                rs = self._new_rank(rank)
+                if rs is None:  # outside the world, or past the bound
+                    refused = True
+                    continue
             pid = _int(pids[i], None) if i < len(pids) else None
             # The same workers announced again after Redis lost the job: not a new start.
             again = d.get("restored") is True and rs.state == RUNNING and rs.pid == pid
@@ -732,6 +786,9 @@ class JobView:
             if not again:
                 rs.starts += 1
                 rs.restarts = rs.starts - 1
+        raw = d.get("ranks")
+        if refused or (type(raw) is list and len(raw) > len(ranks)):
+            self.ignored += 1  # one count for the event, however many ranks it named
         used = _int(d.get("restart_count"), None)
         if used is not None:
             self.restarts_used = used
@@ -753,9 +810,10 @@ class JobView:
         pid = _int(d.get("pid"), None)
         stale = rs is not None and rs.pid is not None and pid is not None and pid != rs.pid
         if rs is None:
-            rs = self.ranks[rank] = RankState(rank, node=node, pid=pid)
-            rs.host = self._host_of(node)
-        if not stale:
+            rs = self._new_rank(rank)
+            if rs is not None:
+                rs.node, rs.pid, rs.host = node, pid, self._host_of(node)
+        if rs is not None and not stale:
             rs.last_exit = sanitize(str(sig)) if sig else _int(code, None)
             if d.get("stopping"):
                 rs.state = STOPPED
@@ -781,9 +839,9 @@ class JobView:
                    f"pid: {_q(_int(d.get('pid'), None))}")
 
     def _on_stalled(self, ev: Event, node: str, d: dict[str, Any]) -> None:
-        groups = [g for g in (d.get("groups") or [])[:50] if isinstance(g, dict)]
-        odd = {r for r in (d.get("odd_ranks") or []) if type(r) is int}
-        captured = {r for g in groups for r in (g.get("ranks") or []) if type(r) is int}
+        groups = [g for g in record_list(d.get("groups"), 50) if isinstance(g, dict)]
+        odd = set(rank_list(d.get("odd_ranks")))
+        captured = {r for g in groups for r in rank_list(g.get("ranks"))}
         self._stalled_ms = max(self._stalled_ms, ev.server_ms)
         for rank in captured | odd:
             rs = self.ranks.get(rank)
@@ -792,10 +850,10 @@ class JobView:
         idle = _float(d.get("idle_s"), None)
         text = f"job stalled: no rank made progress for {_q(idle)} s; "
         if odd:
-            hosts = [sanitize(str(h)) for h in (d.get("odd_hosts") or [])[:4]]
+            hosts = [_host(h, "?") for h in record_list(d.get("odd_hosts"), 4)]
             text += f"odd rank{'s' if len(odd) > 1 else ''} {format_ranks(odd)}"
             text += f" on {', '.join(hosts)}" if hosts else ""
-            first = next((g for g in groups if set(g.get("ranks") or []) <= odd), None)
+            first = next((g for g in groups if set(rank_list(g.get("ranks"))) <= odd), None)
             if first and first.get("summary"):
                 text += f" ({str(first['summary'])[:200]})"
         else:
@@ -806,11 +864,11 @@ class JobView:
             text += f"; --on-stall {policy}"
         lines = []
         for g in groups[:20]:
-            ranks = [r for r in (g.get("ranks") or []) if type(r) is int]
-            hosts = ", ".join(str(h) for h in (g.get("hosts") or [])[:4])
+            ranks = rank_list(g.get("ranks"))
+            hosts = ", ".join(_host(h, "?") for h in record_list(g.get("hosts"), 4))
             lines.append(f"{len(ranks)} rank{'' if len(ranks) == 1 else 's'} "
                          f"[{format_ranks(ranks)}] on {hosts}: {g.get('summary', '?')}")
-            for f in (g.get("frames") or [])[:12]:
+            for f in record_list(g.get("frames"), 12):
                 if isinstance(f, list) and len(f) == 3:
                     lines.append(f'    File "{f[0]}", line {f[1]}, in {f[2]}')
         request = d.get("request")
@@ -818,8 +876,8 @@ class JobView:
                    request if isinstance(request, str) else "")
 
     def _on_workers_stopped(self, ev: Event, node: str, d: dict[str, Any]) -> None:
-        for r in d.get("ranks") or []:
-            rs = self.ranks.get(_int(r, -1))
+        for r in rank_list(d.get("ranks")):
+            rs = self.ranks.get(r)
             if rs is not None and rs.state not in (FAILED, EXITED):
                 rs.state = STOPPED
 
@@ -869,10 +927,11 @@ class JobView:
         if not isinstance(cid, str):
             self.ignored += 1
             return
-        status = sanitize(str(d.get("status", "?")))
-        reason = sanitize(str(d.get("reason", "")))
+        cid = cid[:MAX_NAME_CHARS]
+        status = sanitize(str(d.get("status", "?"))[:32])
+        reason = sanitize(_clip(str(d.get("reason", "")), MAX_NOTE_CHARS))
         acks = self._acks.setdefault(cid, {})
-        if node in acks:
+        if node in acks or len(acks) >= MAX_VIEW_NODES:
             return  # exactly one ack per agent per command: a second one is a repeat
         acks[node] = (node, status, reason)
         if len(self._acks) > _ACK_COMMANDS_LIMIT:
@@ -988,7 +1047,7 @@ def _q(value: Any) -> str:
 
 def _host(host: Any, node_id: str) -> str:
     if host:
-        return sanitize(str(host))
+        return sanitize(str(host)[:MAX_NAME_CHARS])
     # Node ids are "<host>-<pid>-<random>": the host is the best guess we have.
     return sanitize(node_id.rsplit("-", 2)[0] if node_id.count("-") >= 2 else node_id)
 
@@ -996,7 +1055,18 @@ def _host(host: Any, node_id: str) -> str:
 def _detail(value: Any) -> str:
     if not value:
         return ""
-    return "\n".join(sanitize(line) for line in str(value).splitlines())
+    text = _clip(str(value), MAX_DETAIL_CHARS)
+    return "\n".join(sanitize(line) for line in text.splitlines())
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` if it has at most ``limit`` characters, else its head and its tail (a
+    traceback's last lines name the error) around a note of how much was cut."""
+    if len(text) <= limit:
+        return text
+    head = limit // 4
+    tail = limit - head
+    return f"{text[:head]}\n… {len(text) - limit} characters cut …\n{text[-tail:]}"
 
 
 def _traceback(error_file: Any) -> str | None:

@@ -224,7 +224,7 @@ def test_sigterm_to_an_agent_leaves_cleanly_and_the_other_reforms(redis_url, r, 
     assert alive(b_workers) == []
     assert a.wait(60) == 0, a.output[-3000:]
     assert of_type(r, job_id, EventType.NODE_LEFT)
-    assert r.hget(JobKeys(job_id).meta, "final_state") not in (b"stopped", b"failed")
+    assert r.hget(JobKeys(job_id).meta, "final_state") == b"succeeded"
 
 
 def test_final_failure_prints_the_root_cause(redis_url, r, job_id, tmp_path):

@@ -14,10 +14,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+import redis
 
 from elastic_agent.coordination.connection import make_async_client, raise_if_cancelled
+from elastic_agent.coordination.protocol import console_client_name
 from elastic_agent.supervision.commands import CommandReader
 from elastic_console.client import BLOCK_MS, JobClient
+from tests.waiting import blocked_in, wait_until_async
 
 # A loop must end within one blocked read after the request, plus slack for a loaded machine.
 ENDS_WITHIN_S = BLOCK_MS / 1000 + 5
@@ -25,50 +28,53 @@ ENDS_WITHIN_S = BLOCK_MS / 1000 + 5
 
 class Swallowing:
     """A command as redis-py behaves at its worst: a cancellation that lands in it is lost
-    and the command returns nothing. ``entered`` is set once a call is under way."""
+    and the command returns nothing. ``swallowed`` counts the cancellations it lost."""
 
     def __init__(self, call: Callable[..., Awaitable[Any]]) -> None:
         self.call = call
-        self.entered = asyncio.Event()
         self.swallow = True
+        self.swallowed = 0
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.entered.set()
         try:
             return await self.call(*args, **kwargs)
         except asyncio.CancelledError:
             if not self.swallow:
                 raise
+            self.swallowed += 1
             return None
 
 
-async def cancel_when_inside(task: asyncio.Task[Any], command: Swallowing) -> None:
-    await asyncio.wait_for(command.entered.wait(), 10)
-    await asyncio.sleep(0.2)  # well inside the blocked XREAD
+async def cancel_when_inside(task: asyncio.Task[Any], command: Swallowing,
+                             r: redis.Redis, name: str) -> None:
+    """Cancel ``task`` once its client (connection ``name``) is blocked in an XREAD."""
+    await wait_until_async(lambda: blocked_in(r, "xread", name), 10, "a blocked XREAD")
     task.cancel()
     done, _ = await asyncio.wait({task}, timeout=ENDS_WITHIN_S)
     if not done:  # end it for good before failing, or asyncio.run would wait for it forever
         command.swallow = False
         task.cancel()
         await asyncio.wait({task}, timeout=ENDS_WITHIN_S)
+    assert command.swallowed == 1, "the cancellation never reached the XREAD to be swallowed"
     assert done, "the loop ran on after its task was cancelled"
     assert task.cancelled()
 
 
 def test_raise_if_cancelled_sees_a_swallowed_cancellation() -> None:
     async def body() -> None:
-        swallowed = asyncio.Event()
+        started, swallowed = asyncio.Event(), asyncio.Event()
 
         async def swallower() -> None:
+            started.set()
             try:
-                await asyncio.sleep(10)
+                await asyncio.sleep(10)  # a long call, cancelled long before it ends
             except asyncio.CancelledError:
                 swallowed.set()
             raise_if_cancelled()
             await asyncio.sleep(10)  # not reached
 
         task = asyncio.ensure_future(swallower())
-        await asyncio.sleep(0.01)
+        await asyncio.wait_for(started.wait(), 10)
         raise_if_cancelled()  # this task was not asked to stop: nothing happens
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -78,7 +84,8 @@ def test_raise_if_cancelled_sees_a_swallowed_cancellation() -> None:
     asyncio.run(body())
 
 
-def test_follow_ends_when_its_cancellation_is_swallowed(redis_url: str, job_id: str) -> None:
+def test_follow_ends_when_its_cancellation_is_swallowed(redis_url: str, r: redis.Redis,
+                                                        job_id: str) -> None:
     async def body() -> None:
         client = JobClient(redis_url, job_id)
         command = client._reader.xread = Swallowing(client._reader.xread)  # type: ignore[method-assign]
@@ -88,7 +95,8 @@ def test_follow_ends_when_its_cancellation_is_swallowed(redis_url: str, job_id: 
                 pass
 
         try:
-            await cancel_when_inside(asyncio.ensure_future(consume()), command)
+            await cancel_when_inside(asyncio.ensure_future(consume()), command, r,
+                                     console_client_name(job_id))
         finally:
             await client.close()
 
@@ -96,9 +104,9 @@ def test_follow_ends_when_its_cancellation_is_swallowed(redis_url: str, job_id: 
 
 
 def test_the_agents_command_reader_ends_when_its_cancellation_is_swallowed(
-        redis_url: str, job_id: str) -> None:
+        redis_url: str, r: redis.Redis, job_id: str) -> None:
     async def body() -> None:
-        client = make_async_client(redis_url, blocking_ms=5000)
+        client = make_async_client(redis_url, blocking_ms=5000, client_name=f"reader-{job_id}")
         command = client.xread = Swallowing(client.xread)  # type: ignore[method-assign]
 
         async def consume() -> None:
@@ -106,7 +114,8 @@ def test_the_agents_command_reader_ends_when_its_cancellation_is_swallowed(
                 pass
 
         try:
-            await cancel_when_inside(asyncio.ensure_future(consume()), command)
+            await cancel_when_inside(asyncio.ensure_future(consume()), command, r,
+                                     f"reader-{job_id}")
         finally:
             await client.aclose()
 
@@ -128,6 +137,7 @@ def test_follow_cancelled_at_random_moments_always_ends(redis_url: str, job_id: 
         try:
             for i in range(120):
                 task = asyncio.ensure_future(consume())
+                # Not a wait: a random moment of the read (connect, send, block) to cancel in.
                 await asyncio.sleep(rng.random() * 0.06)
                 task.cancel()
                 done, _ = await asyncio.wait({task}, timeout=ENDS_WITHIN_S)

@@ -134,4 +134,5 @@ def test_chaos_short_run() -> None:
     assert result.status_json["state"] == result.console_json["state"] == "succeeded"
     assert chaos.compare(result.console_json, result.status_json, result.lost) == []
     assert chaos.compare(result.console_json, result.status_json, None) != []
-    assert result.wall_s < 100
+    # How long it took is a figure (bench/chaos.py prints "N s wall" in its table), not a
+    # check: only the timeout above bounds this test, and only to catch a hang.

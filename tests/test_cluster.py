@@ -115,13 +115,14 @@ def cluster() -> Iterator[Cluster]:
         c.cleanup()
 
 
-def elsewhere(cluster: Cluster, job_id: str, entry: int = 0) -> str:
-    """A job id whose slot the ``entry`` node does not own: every command must be redirected."""
+def elsewhere(cluster: Cluster, job_id: str, avoid: tuple[int, ...] = (0,)) -> str:
+    """A job id whose slot no node in ``avoid`` owns (by default the entry node 0): every
+    command must be redirected."""
     for n in range(100):
         job = f"{job_id}-{n}"
-        if cluster.owner(JobKeys(job).meta) != entry:
+        if cluster.owner(JobKeys(job).meta) not in avoid:
             return job
-    raise AssertionError("no job id outside the entry node's slots")
+    raise AssertionError(f"no job id outside the slots of nodes {avoid}")
 
 
 def cli(url: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -132,9 +133,11 @@ def cli(url: str, *args: str, timeout: float = 60) -> subprocess.CompletedProces
 
 def test_a_two_node_job_through_a_cluster_with_the_console_attached(cluster, job_id, tmp_path):
     url = cluster.url(0)
-    job = elsewhere(cluster, job_id)
+    # The job's keys on the one node that is neither the entry node nor the jobs index's:
+    # ls and rm then read and write across three masters.
+    job = elsewhere(cluster, job_id, avoid=(0, cluster.owner(JOBS_INDEX)))
     owner = cluster.nodes[cluster.owner(JobKeys(job).meta)]
-    assert cluster.owner(JOBS_INDEX) != 0 or cluster.owner(JobKeys(job).meta) != 0
+    index_node = cluster.nodes[cluster.owner(JOBS_INDEX)]
     r = make_client(url)
     assert is_cluster(r), "a node's redis:// address must give a cluster client"
     args = agent_args(url, job, "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "0",
@@ -191,6 +194,13 @@ def test_a_two_node_job_through_a_cluster_with_the_console_attached(cluster, job
         assert listed.returncode == 0 and any(
             line.split()[:2] == [job, "succeeded"] for line in listed.stdout.splitlines()), (
             listed.stdout + listed.stderr)
+
+        # The index entry sits on its own node, written there through the cluster client.
+        on_index_node = redis.Redis(port=index_node.port, protocol=2)
+        try:
+            assert on_index_node.zscore(JOBS_INDEX, job) is not None
+        finally:
+            on_index_node.close()
 
         # Retention scanned the node that owns the job's slot: its keys got their TTL.
         assert 0 < r.pttl(JobKeys(job).meta) <= 7 * 86400 * 1000
@@ -261,7 +271,7 @@ def test_endpoint_forms(cluster, redis_url, job_id):
     explicit = make_client("redis+cluster://" + cluster.url(1).removeprefix("redis://"))
     try:
         assert is_cluster(explicit)
-        key = JobKeys(elsewhere(cluster, job_id, entry=1)).meta
+        key = JobKeys(elsewhere(cluster, job_id, avoid=(1,))).meta
         explicit.hset(key, "k", "v")
         assert explicit.hget(key, "k") == b"v"
     finally:
@@ -350,7 +360,7 @@ def test_follow_through_a_cluster_ends_when_cancelled_at_random_moments(cluster,
         try:
             for i in range(30):
                 task = asyncio.ensure_future(consume())
-                await asyncio.sleep(rng.random() * 0.06)
+                await asyncio.sleep(rng.random() * 0.06)  # a random moment to cancel at
                 task.cancel()
                 done, _ = await asyncio.wait({task}, timeout=BLOCK_MS / 1000 + 5)
                 assert done, f"cancellation {i} was lost: follow ran on"

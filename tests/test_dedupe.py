@@ -12,12 +12,17 @@ import threading
 
 import redis
 
-from elastic_agent.coordination.protocol import JobKeys, LogBatch, encode_log_batch
+from elastic_agent.coordination.protocol import (
+    JobKeys,
+    LogBatch,
+    console_client_name,
+    encode_log_batch,
+)
 from elastic_console.app import KEY_HELP, ConsoleApp
 from elastic_console.dedupe import Collapser, UniqueLogs, format_ranks
 from elastic_console.logbuffer import LogBuffer
 from elastic_console.state import JobView
-from tests.waiting import wait_until, wait_until_async
+from tests.waiting import blocked_in, wait_until, wait_until_async
 
 T0 = 1_700_000_000_000
 TRACEBACK = ["Traceback (most recent call last):",
@@ -178,8 +183,10 @@ def test_logs_dedupe_prints_a_line_of_many_ranks_once(redis_url: str, r: redis.R
                        env=env)
     assert len(p.stdout.splitlines()) == 8 * len(TRACEBACK) + 1  # without it: every copy
 
-    # Following: a row is printed once the other ranks' copies had their time to come. A
-    # round of copies written while the follower starts may be read in part; the next is whole.
+    # Following: a row is printed once the other ranks' copies had their time to come
+    # (DEDUPE_HOLD_S). A round written while the follower reads the history would be split
+    # between the history (not printed: --tail 0) and the follow; so the round is written
+    # once the follower waits in its XREAD, and is then read whole.
     f = subprocess.Popen([*CONSOLE, "logs", job_id, "--dedupe", "-f", "--tail", "0"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     out: list[str] = []
@@ -187,24 +194,16 @@ def test_logs_dedupe_prints_a_line_of_many_ranks_once(redis_url: str, r: redis.R
     reader = threading.Thread(target=lambda: out.extend(line.rstrip("\n") for line in f.stdout),
                               daemon=True)
     reader.start()
-
-    def whole_row() -> bool:
-        return "×8 ranks [0-7] NCCL watchdog: timeout" in out
-
     try:
-        for seq in range(10, 40):
-            seen = len(out)
-            for rank in range(8):
-                _write_batches(r, job_id, range(rank, rank + 1), ["NCCL watchdog: timeout"], seq)
-            try:  # a round the follower read (in part or whole) prints at least one row
-                wait_until(lambda: len(out) > seen, 3, "a collapsed row")  # noqa: B023
-            except AssertionError:
-                continue
-            if whole_row():
-                break
-        assert whole_row(), out
-        assert all(line.startswith(("×", "[rank")) for line in out), out
+        wait_until(lambda: blocked_in(r, "xread", console_client_name(job_id)), 30,
+                   "the follower to wait for new lines")
+        for rank in range(8):
+            _write_batches(r, job_id, range(rank, rank + 1), ["NCCL watchdog: timeout"], 10)
+        wait_until(lambda: out, 15, "the collapsed row")
+        assert out == ["×8 ranks [0-7] NCCL watchdog: timeout"], out
     finally:
         f.send_signal(signal.SIGINT)
         f.wait(30)
     assert f.returncode == 0, f.stderr.read() if f.stderr else ""
+    reader.join(10)
+    assert out == ["×8 ranks [0-7] NCCL watchdog: timeout"], out  # and nothing after it

@@ -29,12 +29,14 @@ from elastic_agent.coordination.protocol import (
     decode_log_entries,
     decode_log_entry,
     encode_command,
+    encode_event,
     encode_log_batch,
     encode_node_log_entry,
 )
 from elastic_agent.coordination.text import sanitize, terminal_line
 from elastic_console.state import JobView
 from tests.agents import SCRIPTS, Agent, wait_until
+from tests.reach import Reach
 from tests.test_agent import FAST, agent_args, of_type, worker_pids
 from tests.test_hostile_records import _console
 
@@ -68,6 +70,77 @@ near_commands = st.fixed_dictionaries({
                             max_size=2).map(lambda d: json.dumps(d)) | hostile_text})
 any_record = records | near_events | near_commands
 
+# Valid records as the agents and consoles write them, then mutated: a property over records
+# that are refused at their first field checks little beyond that field (see tests/reach.py).
+_node_ids = st.from_regex(r"[a-z][a-z0-9-]{0,11}", fullmatch=True)
+_ranks = st.integers(0, 64)
+_line_texts = st.text(alphabet=st.characters(codec="utf-8", blacklist_characters="\n"),
+                      max_size=20)
+_event_data = st.fixed_dictionaries({}, optional={
+    "rank": _ranks, "ranks": st.lists(_ranks, max_size=4),
+    "local_ranks": st.lists(st.integers(0, 7), max_size=4),
+    "pids": st.lists(st.integers(1, 1 << 22), max_size=4), "round": st.integers(0, 9),
+    "world_size": st.integers(0, 64), "host": _node_ids, "exit_code": st.integers(-9, 3),
+    "nodes": st.lists(st.fixed_dictionaries({
+        "node": _node_ids, "host": _node_ids, "group_rank": st.integers(0, 3),
+        "nproc": st.integers(1, 8)}), max_size=3),
+    "signal": st.sampled_from([None, "SIGKILL", "SIGTERM"]), "stopping": st.booleans(),
+    "restart_count": st.integers(0, 5), "max_restarts": st.integers(0, 5),
+    "reason": st.sampled_from(["failure", "command", "membership"]),
+    "count": st.integers(0, 1000), "restored": st.booleans()})
+# Every type, the ones that make ranks and rounds more often.
+_event_types = st.sampled_from(sorted(EventType.ALL)) | st.sampled_from(
+    [EventType.WORKERS_STARTED, EventType.WORKER_EXITED, EventType.RENDEZVOUS_COMPLETE])
+valid_events = st.builds(encode_event, _event_types, _node_ids, _event_data, st.integers(0, 20))
+_batches = st.builds(LogBatch, _node_ids, st.integers(0, 40_000), st.integers(0, 7),
+                     st.integers(0, 3), st.sampled_from(["out", "err"]), st.integers(1, 1000),
+                     st.lists(_line_texts, min_size=1, max_size=3), st.just(""), st.booleans())
+valid_batches = _batches.map(encode_log_batch)
+valid_node_entries = st.tuples(_node_ids, st.lists(_batches, min_size=1, max_size=4)).map(
+    lambda nb: encode_node_log_entry(nb[0], [b._replace(node=nb[0]) for b in nb[1]]))
+
+
+@st.composite
+def _valid_command(draw: st.DrawFn) -> dict:
+    kind = draw(st.sampled_from(sorted(CommandType.ALL)) | st.just(CommandType.SIGNAL))
+    args: dict = {}
+    if kind == CommandType.SIGNAL:
+        args = {"rank": draw(_ranks)}
+        if draw(st.booleans()):
+            args["signal"] = draw(st.sampled_from(sorted(CommandType.SIGNALS)))
+    elif kind == CommandType.STACKS and draw(st.booleans()):
+        args = {"rank": draw(_ranks)}
+    if draw(st.integers(0, 2)) == 0:  # one argument hostile, the record otherwise valid
+        args[draw(st.sampled_from(["rank", "signal"]))] = draw(json_values | hostile_text)
+    return encode_command(Command(draw(st.from_regex(r"[a-z][a-z0-9-]{0,15}", fullmatch=True)),
+                                  kind, draw(_node_ids) + "@h", args=args))
+
+
+valid_commands = _valid_command()
+
+
+@st.composite
+def _mutated(draw: st.DrawFn, valid: st.SearchStrategy[dict]) -> dict:
+    """A valid record with up to two fields replaced by hostile values, dropped or added."""
+    fields = dict(draw(valid))
+    for _ in range(draw(st.integers(0, 2))):
+        key = draw(st.sampled_from(sorted(fields) or FIELD_NAMES) | st.sampled_from(FIELD_NAMES))
+        if draw(st.integers(0, 2)) == 0:
+            fields.pop(key, None)
+        else:
+            fields[key] = draw(values)
+    return fields
+
+
+TOTAL_RECORDS = (_mutated(valid_events) | _mutated(valid_batches) | _mutated(valid_commands)
+                 | any_record)
+# About half the rates measured (pytest -s prints them): hypothesis's examples are not
+# independent draws, and a run must not fail for a dry spell.
+TOTAL_FLOORS = {"an event": 0.08, "a log batch": 0.05, "a command": 0.06,
+                "a signal command": 0.03, "a refused signal command": 0.05}
+FOLD_EVENTS = _mutated(valid_events) | near_events
+FOLD_FLOORS = {"a decoded event": 0.4, "an event the fold took": 0.35, "a rank": 0.08}
+
 # -- decoders ------------------------------------------------------------------------------------
 
 
@@ -76,24 +149,41 @@ def _bytes_fields(fields: dict) -> dict:
             for k, v in fields.items()}
 
 
-@settings(max_examples=400, deadline=None)
-@given(any_record)
-def test_decoders_are_total(fields):
-    for f in (fields, _bytes_fields(fields)):
-        ev = decode_event("1-0", f)
-        assert ev is None or (isinstance(ev, Event) and isinstance(ev.data, dict))
-        batch = decode_log_batch("1-0", f)
-        assert batch is None or (isinstance(batch, LogBatch) and type(batch.rank) is int
-                                 and batch.rank >= 0)
-        cmd = decode_command("1-0", f)
-        assert isinstance(cmd, (str, Command))
-        if isinstance(cmd, Command) and cmd.type == CommandType.SIGNAL:
-            assert type(cmd.args["rank"]) is int and cmd.args["rank"] >= 0
-    for raw in (fields.get("data"), fields.get("args")):
-        if isinstance(raw, (str, bytes)):
-            for decode in (RoundInfo.decode, NodeDescription.decode):
-                with contextlib.suppress(ProtocolError):
-                    decode(raw)
+def test_decoders_are_total():
+    reach = Reach("decoders_are_total")
+
+    @settings(max_examples=400, deadline=None)
+    @given(TOTAL_RECORDS)
+    # Found by these strategies (and by the security review, issue 24): a TypeError, not a
+    # refusal, that restarted the agent's command reader.
+    @example({"v": "1", "id": "a", "type": "signal", "issuer": "a@h", "target": "job",
+              "args": '{"rank":0,"signal":[]}'})
+    def prop(fields):
+        reach.example()
+        for f in (fields, _bytes_fields(fields)):
+            ev = decode_event("1-0", f)
+            assert ev is None or (isinstance(ev, Event) and isinstance(ev.data, dict))
+            batch = decode_log_batch("1-0", f)
+            assert batch is None or (isinstance(batch, LogBatch) and type(batch.rank) is int
+                                     and batch.rank >= 0)
+            cmd = decode_command("1-0", f)
+            assert isinstance(cmd, (str, Command))
+            if isinstance(cmd, Command) and cmd.type == CommandType.SIGNAL:
+                assert type(cmd.args["rank"]) is int and cmd.args["rank"] >= 0
+                assert cmd.args.get("signal", "SIGTERM") in CommandType.SIGNALS
+        reach.hit("an event", ev)
+        reach.hit("a log batch", batch)
+        reach.hit("a command", isinstance(cmd, Command))
+        reach.hit("a signal command", isinstance(cmd, Command) and cmd.type == CommandType.SIGNAL)
+        reach.hit("a refused signal command", isinstance(cmd, str) and fields.get("type") == "signal")
+        for raw in (fields.get("data"), fields.get("args")):
+            if isinstance(raw, (str, bytes)):
+                for decode in (RoundInfo.decode, NodeDescription.decode):
+                    with contextlib.suppress(ProtocolError):
+                        decode(raw)
+
+    prop()
+    reach.check(**TOTAL_FLOORS)
 
 
 near_logs = st.fixed_dictionaries({
@@ -106,27 +196,43 @@ near_logs = st.fixed_dictionaries({
     .map("\n".join)}, optional={"live": st.sampled_from(["1", "0", "yes"])})
 
 
+POSITIONAL_RECORDS = _mutated(valid_batches) | _mutated(valid_batches) | near_logs | records
+POSITIONAL_FLOORS = {"a batch": 0.2, "a batch in the agent's order": 0.12}
+LOG_RECORDS = _mutated(valid_batches) | _mutated(valid_node_entries) | near_logs | records
+MANY_FLOORS = {"a batch": 0.4, "a batch and a refusal": 0.3}
+
 _CANONICAL = {"v": "1", "node": "n", "rank": "3", "lrank": "1", "attempt": "0", "s": "out",
               "seq": "4", "lines": "a\nb"}
 
 
-@settings(max_examples=400, deadline=None)
-@given(near_logs | records, st.booleans())
-@example({**_CANONICAL, "lrank": "9" * 20}, False)
-@example({**_CANONICAL, "seq": "9" * 20}, False)
-@example({**_CANONICAL, "live": "1"}, False)
-@example({**_CANONICAL, "live": "2"}, False)
-@example({**_CANONICAL, "v": "2"}, False)
-def test_the_positional_log_decoder_agrees_with_the_mapping_one(fields, shuffle):
+def test_the_positional_log_decoder_agrees_with_the_mapping_one():
     """decode_log_entry reads the agent's field order by position and anything else through
     decode_log_batch: both give the same batch (or both refuse) for any fields."""
-    f = _bytes_fields(fields)
-    items = list(f.items())
-    if shuffle:
-        items.reverse()
-    flat = [x for item in items for x in item]
-    assert decode_log_entry("5-0", flat) == decode_log_batch("5-0", dict(items))
-    assert decode_log_entry("5-0", flat[:-1]) in (None, decode_log_batch("5-0", dict(items[:-1])))
+    reach = Reach("positional_log_decoder")
+
+    @settings(max_examples=400, deadline=None)
+    @given(POSITIONAL_RECORDS, st.booleans())
+    @example({**_CANONICAL, "lrank": "9" * 20}, False)
+    @example({**_CANONICAL, "seq": "9" * 20}, False)
+    @example({**_CANONICAL, "live": "1"}, False)
+    @example({**_CANONICAL, "live": "2"}, False)
+    @example({**_CANONICAL, "v": "2"}, False)
+    def prop(fields, shuffle):
+        reach.example()
+        f = _bytes_fields(fields)
+        items = list(f.items())
+        if shuffle:
+            items.reverse()
+        flat = [x for item in items for x in item]
+        got = decode_log_entry("5-0", flat)
+        assert got == decode_log_batch("5-0", dict(items))
+        reach.hit("a batch", got)
+        reach.hit("a batch in the agent's order", got and not shuffle)
+        assert decode_log_entry("5-0", flat[:-1]) in (None, decode_log_batch("5-0",
+                                                                             dict(items[:-1])))
+
+    prop()
+    reach.check(**POSITIONAL_FLOORS)
 
 
 def test_the_positional_log_decoder_reads_what_the_agent_writes():
@@ -136,15 +242,39 @@ def test_the_positional_log_decoder_reads_what_the_agent_writes():
         assert decode_log_entry("7-1", flat) == sent
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(near_events, max_size=12))
-def test_the_console_fold_never_raises(entries):
-    view = JobView("j", scrollback=10)
-    for i, fields in enumerate(entries):
-        ev = decode_event(f"{i + 1}-0", fields)
-        if ev is not None:
+def _fold_state(view: JobView) -> tuple:
+    """What the console shows of a job, but the counters of records it ignored."""
+    return (view.state, view.round, view.world_size, view.restarts_used, view.root_cause,
+            sorted((r, repr(rs)) for r, rs in view.ranks.items()),
+            sorted((n, repr(info)) for n, info in view.nodes.items()))
+
+
+def test_the_console_fold_never_raises_and_a_repeat_changes_nothing():
+    """Any events fold without raising; read again (a reconnect, a retried XADD), the same
+    entries change nothing the console shows."""
+    reach = Reach("console_fold")
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(FOLD_EVENTS, min_size=1, max_size=12))
+    def prop(entries):
+        reach.example()
+        view = JobView("j", scrollback=10)
+        events = [ev for i, fields in enumerate(entries)
+                  if (ev := decode_event(f"{i + 1}-0", fields)) is not None]
+        took = 0
+        for ev in events:
+            ignored = view.ignored
             view.apply_event(ev)
-    assert view.skipped >= 0
+            took += view.ignored == ignored
+        reach.hit("an event the fold took", took)
+        once = _fold_state(view)
+        view.apply_events(events)
+        assert _fold_state(view) == once
+        reach.hit("a decoded event", events)
+        reach.hit("a rank", view.ranks)
+
+    prop()
+    reach.check(**FOLD_FLOORS)
 
 
 _VISIBLE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f-\x9f]*")
@@ -233,31 +363,45 @@ def test_a_live_agent_and_the_cli_survive_garbage_and_a_valid_stop_still_stops(
             agent.wait(10)
 
 
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _flat(fields: dict) -> list:
     return [x for item in _bytes_fields(fields).items() for x in item]
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(near_logs | records, st.booleans()), min_size=1, max_size=8))
-@example([({**_CANONICAL, "seq": "9" * 20}, False), (_CANONICAL, False)])
-@example([(_CANONICAL, False), ({**_CANONICAL, "lines": "x" * 10}, False),
-          ({**_CANONICAL, "seq": "-1"}, False), ({**_CANONICAL, "live": "2"}, False)])
-def test_the_many_entries_decoder_agrees_with_decode_log_entry(entries):
+def test_the_many_entries_decoder_agrees_with_decode_log_entry():
     """LogEntryDecoder (the console's reader: headers remembered by their raw bytes) gives
     exactly what decode_log_entries gives, entry by entry, refusals counted, on its first read of
     a header and on every later one (the same entries read again hit its memory)."""
-    raw = []
-    for i, (fields, reverse) in enumerate(entries):
-        flat = _flat(fields)
-        if reverse:  # another field order: not the agent's, never remembered
-            flat = [x for pair in reversed(list(zip(flat[::2], flat[1::2]))) for x in pair]
-        raw.append([f"{i + 5}-{i}".encode(), flat])
-    expected = [decode_log_entries(eid, dict(zip(flat[::2], flat[1::2]))) for eid, flat in raw]
-    decoder = LogEntryDecoder()
-    for _ in range(2):
-        batches, refused = decoder.decode(raw)
-        assert batches == [b for bs in expected if bs is not None for b in bs]
-        assert refused == expected.count(None)
+    reach = Reach("many_entries_decoder")
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.tuples(LOG_RECORDS, st.booleans()), min_size=1, max_size=8))
+    @example([({**_CANONICAL, "seq": "9" * 20}, False), (_CANONICAL, False)])
+    @example([(_CANONICAL, False), ({**_CANONICAL, "lines": "x" * 10}, False),
+              ({**_CANONICAL, "seq": "-1"}, False), ({**_CANONICAL, "live": "2"}, False)])
+    def prop(entries):
+        reach.example()
+        raw = []
+        for i, (fields, reverse) in enumerate(entries):
+            flat = _flat(fields)
+            if reverse:  # another field order: not the agent's, never remembered
+                flat = [x for pair in reversed(list(zip(flat[::2], flat[1::2]))) for x in pair]
+            raw.append([f"{i + 5}-{i}".encode(), flat])
+        expected = [decode_log_entries(eid, dict(zip(flat[::2], flat[1::2])))
+                    for eid, flat in raw]
+        decoder = LogEntryDecoder()
+        for _ in range(2):
+            batches, refused = decoder.decode(raw)
+            assert batches == [b for bs in expected if bs is not None for b in bs]
+            assert refused == expected.count(None)
+        reach.hit("a batch", batches)
+        reach.hit("a batch and a refusal", batches and refused)
+
+    prop()
+    reach.check(**MANY_FLOORS)
 
 
 def test_the_many_entries_decoder_tells_headers_apart_by_every_byte():
@@ -304,28 +448,41 @@ node_entries = st.fixed_dictionaries({
     "lines": st.lists(st.text(max_size=6) | hostile_text, min_size=1, max_size=8).map("\n".join)})
 
 
-@settings(max_examples=400, deadline=None)
-@given(node_entries, st.booleans())
-@example({"v": "1", "node": "n", "parts": '[[1,0,0,"out",1,2,0]]', "lines": "a\nb"}, False)
-@example({"v": "1", "node": "n", "parts": '[[1,0,0,"out",1,1,0]]', "lines": "a\nb"}, False)
-def test_a_node_log_entry_is_read_whole_or_refused(fields, shuffle):
+NODE_ENTRIES = _mutated(valid_node_entries) | node_entries
+NODE_FLOORS = {"read whole": 0.15, "several batches": 0.08}
+
+
+def test_a_node_log_entry_is_read_whole_or_refused():
     """A node's entry (several workers' batches) decodes into batches whose lines are exactly
     the entry's lines, in order, each part valid, or is refused whole; LogEntryDecoder (the
     console's reader) says the same, in any field order."""
-    got = decode_log_entries("5-0", fields)
-    lines = fields["lines"].split("\n")
-    if got is not None:
-        assert [line for b in got for line in b.lines] == lines
-        assert all(b.node == fields["node"] and b.id == "5-0" and b.lines for b in got)
-        assert all(type(b.rank) is int and b.stream in ("out", "err") and b.seq >= 0
-                   and type(b.live) is bool for b in got)
-    items = list(_bytes_fields(fields).items())
-    if shuffle:
-        items.reverse()
-    flat = [x for item in items for x in item]
-    assert decode_log_entries("5-0", dict(items)) == got
-    batches, refused = LogEntryDecoder().decode([[b"5-0", flat]])
-    assert (batches, refused) == ((got, 0) if got is not None else ([], 1))
+    reach = Reach("node_log_entry")
+
+    @settings(max_examples=400, deadline=None)
+    @given(NODE_ENTRIES, st.booleans())
+    @example({"v": "1", "node": "n", "parts": '[[1,0,0,"out",1,2,0]]', "lines": "a\nb"}, False)
+    @example({"v": "1", "node": "n", "parts": '[[1,0,0,"out",1,1,0]]', "lines": "a\nb"}, False)
+    def prop(fields, shuffle):
+        reach.example()
+        got = decode_log_entries("5-0", fields)
+        reach.hit("read whole", got)
+        reach.hit("several batches", got and len(got) > 1)
+        if got is not None:  # (a mutated field may be bytes: compared as the decoder reads it)
+            lines = _text(fields["lines"]).split("\n")
+            assert [line for b in got for line in b.lines] == lines
+            assert all(b.node == _text(fields["node"]) and b.id == "5-0" and b.lines for b in got)
+            assert all(type(b.rank) is int and b.stream in ("out", "err") and b.seq >= 0
+                       and type(b.live) is bool for b in got)
+        items = list(_bytes_fields(fields).items())
+        if shuffle:
+            items.reverse()
+        flat = [x for item in items for x in item]
+        assert decode_log_entries("5-0", dict(items)) == got
+        batches, refused = LogEntryDecoder().decode([[b"5-0", flat]])
+        assert (batches, refused) == ((got, 0) if got is not None else ([], 1))
+
+    prop()
+    reach.check(**NODE_FLOORS)
 
 
 def test_a_node_log_entry_round_trips_every_batch():
@@ -336,3 +493,4 @@ def test_a_node_log_entry_round_trips_every_batch():
     assert decode_log_entries("7-1", fields) == sent
     flat = [x for k, v in fields.items() for x in (k.encode(), v.encode())]
     assert LogEntryDecoder().decode([[b"7-1", flat]]) == (sent, 0)
+

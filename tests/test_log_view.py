@@ -474,8 +474,11 @@ def test_a_paused_view_keeps_its_top_line_through_a_sliced_rescan() -> None:
     run(LogApp(buf), body)
 
 
-def test_later_slices_of_a_rescan_wait_for_yield_to() -> None:
+def test_later_slices_of_a_rescan_wait_for_yield_to(monkeypatch: pytest.MonkeyPatch) -> None:
     """The app's keys-first hook: while ``yield_to`` holds, no further slice runs."""
+    # Slices end by time: on a fast, idle machine the rest of the scan could fit in one slice
+    # after the gate opens, and yield_to would not be asked again. One chunk a slice.
+    monkeypatch.setattr(log_view_module, "SCAN_SLICE_S", 0.0)
     buf = LogBuffer(60_000)
     buf.extend(lines(50_000))
     gate = asyncio.Event()

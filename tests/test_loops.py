@@ -32,7 +32,7 @@ async def test_cancellation_ends_it():
 
     async def loop() -> None:
         started.set()
-        await asyncio.sleep(3600)
+        await asyncio.sleep(3600)  # a loop that never ends by itself: the cancel ends it
 
     task = asyncio.create_task(keep_running("reader", loop, print))
     await asyncio.wait_for(started.wait(), 10)

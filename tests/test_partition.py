@@ -269,7 +269,7 @@ def test_redis_unreachable_longer_than_the_heartbeat_timeout_loses_nobody(
             job, srv):
         r0, _ = wait_until(lambda: job.round_running(3), 60, "a round of all three hosts")
         pids = job.worker_pids(r0)
-        time.sleep(0.5)
+        time.sleep(0.5)  # a moment of the job running before the outage; nothing to wait on
         down_at = time.time()
         if how == "network":
             hosts.cut_all()  # every host's packets dropped: calls hang, then time out

@@ -17,7 +17,6 @@ import re
 import signal
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import psutil
@@ -57,9 +56,8 @@ async def run_group(tmp: Path, entrypoint: list[str], preload: tuple[str, ...],
             await group.start(assignment(attempt))
             await asyncio.wait_for(group.wait(), 60)
             # A failing rank settles the group: let every rank finish before the stop.
-            deadline = time.monotonic() + 60
-            while len(group.exits) < NPROC and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
+            await wait_until_async(lambda: len(group.exits) >= NPROC, 60,
+                                   "every rank's exit")
             results.append(GroupResult(group.state, exits=tuple(group.exits)))
             await group.stop()
     finally:
@@ -235,10 +233,10 @@ def test_sigkilled_agent_takes_its_forked_workers_and_zygotes(redis_url, job_id,
         procs += [z for z in forks if z not in procs]
         os.kill(agent.pid, signal.SIGKILL)
         agent.wait(10)
-        deadline = time.monotonic() + DEATH_BUDGET
-        while survivors(procs) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert survivors(procs) == [], describe(survivors(procs))
+        try:
+            wait_until(lambda: not survivors(procs), DEATH_BUDGET, "every process to die")
+        except AssertionError:
+            raise AssertionError(describe(survivors(procs))) from None
     finally:
         kill_all(procs)
         agent.kill()

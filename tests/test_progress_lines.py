@@ -207,17 +207,22 @@ async def test_a_redrawn_line_is_shipped_live_then_replaced_by_its_final_state(
     try:
         w = open_worker(pub, job_id, tmp_path)
         w.feed(OUT, b"before\n\r  0%")
-        for i in range(1, 41):  # ~0.8 s of redraws
-            await asyncio.sleep(0.02)
+        started = time.monotonic()
+        for i in range(1, 41):  # ~0.8 s of redraws (longer on a loaded machine)
+            await asyncio.sleep(0.02)  # a bar's pace, not a wait: the redraws under test
             w.feed(OUT, f"\r{i:3d}%".encode())
         w.feed(OUT, b"\r100%\r\nafter\n")
+        redrawing_s = time.monotonic() - started
         w.close()
         await asyncio.wait_for(pub.flush(), 10)
     finally:
         await pub.close()
     entries = entries_of(r, job_id, "n")
     live = [b for b in entries if b.live]
-    assert 2 <= len(live) <= 0.8 / LIVE_INTERVAL + 2, [b.lines for b in entries]
+    # Paced: one frame per LIVE_INTERVAL of the time the redrawing really took, whatever
+    # the machine's load made of its 0.8 s.
+    assert 2 <= len(live) <= redrawing_s / LIVE_INTERVAL + 2, (redrawing_s,
+                                                                [b.lines for b in entries])
     shown = [int(b.lines[-1].rstrip("%")) for b in live]
     assert shown == sorted(shown) and all(0 <= p < 100 for p in shown)
     assert entries[-1].lines[-2:] == ["100%", "after"] and not entries[-1].live
@@ -232,6 +237,8 @@ async def test_frames_waiting_in_an_outage_collapse_into_the_latest_state(
     pub = StreamPublisher(redis_url)  # not started yet: what is shipped waits in its queue
     w = open_worker(pub, job_id, tmp_path)
     w.feed(OUT, b"\r  0%")
+    # Sleeps, not waits: the frame timers firing while Redis is away is what is under test,
+    # and a frame shipped into a waiting entry has no sign outside the log module.
     await asyncio.sleep(LIVE_DELAY + 0.1)  # its frame is shipped (and waits)
     w.feed(OUT, b"\r 50%")
     await asyncio.sleep(LIVE_INTERVAL + 0.1)  # this one too, in the same waiting entry

@@ -284,7 +284,7 @@ async def test_a_record_that_must_not_wait_sends_the_lingering_ones_at_once(
     try:
         state: dict = {}
         add_part(pub, logs, state, "last words", 60.0)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # not a wait: a stretch in which nothing may be sent
         assert r.xlen(logs) == 0  # lingering
         pub.publish(events, {"type": "worker_exited"}, maxlen=100)
         # Far below the 60 s linger: only an early send passes.

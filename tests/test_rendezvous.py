@@ -86,7 +86,12 @@ def test_n_nodes_get_unique_ranks_and_one_master(nodes: Nodes, n: int) -> None:
     assert {r.round for r in results} == {0}
     assert len({(r.master_addr, r.master_port) for r in results}) == 1
     rank0 = next(h for h, r in zip(handles, results) if r.group_rank == 0)
-    assert results[0].info.nodes[0]["node"] == rank0.node_id
+    info = rank0.round_info()
+    assert info is not None and info.nodes[0]["node"] == rank0.node_id
+    # Group rank 0 alone holds the whole round (it announces it); the others never read it.
+    assert rank0.last_round_info == info
+    assert all(h.last_round_info is None for h in handles if h is not rank0)
+    assert sorted(r.base_rank for r in results) == [0] * n  # (nproc 0: nodes said nothing)
 
 
 def test_a_waiter_is_woken_by_the_completion(nodes: Nodes) -> None:
@@ -218,7 +223,8 @@ def test_dead_member_is_dropped_from_an_open_round(nodes: Nodes) -> None:
     a, b = nodes.make(s), nodes.make(s)
     results = nodes.join_all([a, b])
     assert {r.group_world_size for r in results} == {2}
-    assert dead_id not in [n["node"] for n in results[0].info.nodes]
+    info = a.round_info()
+    assert info is not None and dead_id not in [n["node"] for n in info.nodes]
 
 
 def test_closed_rendezvous_refuses_joins(nodes: Nodes) -> None:
@@ -335,8 +341,16 @@ def test_heartbeats_outlive_a_refusal_such_as_oom(private_redis, job_id: str) ->
         handle.next_rendezvous()
         wait_until(lambda: handle.renewed_at is not None, 5, "a first heartbeat")
         admin.config_set("maxmemory-policy", "noeviction")
+
+        def refused() -> int:  # this private server's count of writes refused with OOM
+            return admin.info("errorstats").get("errorstat_OOM", {}).get("count", 0)
+
+        before = refused()
         admin.config_set("maxmemory", "1")
-        time.sleep(0.5)  # several beats refused with OOM
+        wait_until(lambda: refused() > before, 5, "a heartbeat refused with OOM")
+        stalled = handle.renewed_at
+        wait_until(lambda: refused() >= before + 3, 5, "several heartbeats refused")
+        assert handle.renewed_at == stalled, "a refused beat counted as a renewal"
         refused_since = time.monotonic()
         admin.config_set("maxmemory", "0")
         wait_until(lambda: (handle.renewed_at or 0) > refused_since, 5,

@@ -188,7 +188,10 @@ def test_parse_errors_never_show_the_password(value: str):
     ("redis://Zq@9v/Qj@127.0.0.1:6379/1", "redis://***@127.0.0.1:6379/1"),
     ("u:Zq@9v@127.0.0.1", "u:***@127.0.0.1"),
     ("redis://default:Zq", "redis://default:***"),
-    ("redis://127.0.0.1:6379/0?password=Zq@9v&db=1", "redis://127.0.0.1:6379/0?password=***"),
+    # "password=" before the last "@": a query password holding "@", or a userinfo password
+    # holding "?password=" (then "127.0.0.1:6379/0" is a piece of it): both are hidden.
+    ("redis://127.0.0.1:6379/0?password=Zq@9v&db=1", "redis://127.0.0.1:***"),
+    ("redis://u:Zq@9v?password=Qj@127.0.0.1:6379", "redis://u:***"),
     ("unix://:Zq@9v@/tmp/redis.sock?db=1", "unix://:***@/tmp/redis.sock?db=1"),
     ("redis://[::1]:6379/2", "redis://[::1]:6379/2"),
 ])

@@ -32,6 +32,7 @@ from elastic_agent.coordination.stack_dumps import (
 )
 from elastic_agent.coordination.stack_replies import rank_stack
 from elastic_agent.supervision.stacks import parse_stack_signal
+from tests.reach import Reach
 
 
 def real_dump() -> str:
@@ -107,13 +108,22 @@ def test_counts_are_bounded() -> None:
     assert all(len(f.file) <= 1024 for f in t.frames)
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.text(max_size=3000))
-def test_any_text_parses_without_raising(text: str) -> None:
-    threads = parse_faulthandler(text)
-    assert len(threads) <= MAX_THREADS
-    for t in threads:
-        assert len(t.frames) <= MAX_FRAMES
+def test_any_text_parses_without_raising() -> None:
+    reach = Reach("any_text_parses")
+
+    @settings(max_examples=300, deadline=None)
+    @given(hostile_dumps)
+    def prop(text: str) -> None:
+        reach.example()
+        threads = parse_faulthandler(text)
+        reach.hit("a thread", threads)
+        reach.hit("a frame", any(t.frames for t in threads))
+        assert len(threads) <= MAX_THREADS
+        for t in threads:
+            assert len(t.frames) <= MAX_FRAMES
+
+    prop()
+    reach.check(**{"a thread": 0.35, "a frame": 0.3})
 
 
 _names = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126,
@@ -121,6 +131,56 @@ _names = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126,
 _frames = st.builds(Frame, _names, st.integers(0, 10**6), _names.filter(lambda s: s.strip() == s))
 _threads = st.builds(ThreadStack, st.from_regex(r"0x[0-9a-f]{1,16}", fullmatch=True),
                      st.booleans(), st.tuples(_frames, _frames) | st.tuples(_frames))
+
+
+# Hostile text that is mostly faulthandler's: a rendered dump, then cut, spliced with noise
+# or pieces of its own syntax (what a dying rank, a full pipe or a forger leaves); and noise.
+_noise = st.text(max_size=20) | st.sampled_from([
+    "\n", "\x00", "\x1b]0;x\x07", "\ufffd", " line ???", '  File "', " in ", "Thread 0x",
+    "Current thread 0x1 (most recent call first):\n", "  ...\n", '  File "a.py", line 9 in f\n'])
+
+
+@st.composite
+def _mutated_dump(draw: st.DrawFn) -> str:
+    text = render_faulthandler(draw(st.lists(_threads, min_size=1, max_size=4)))
+    for _ in range(draw(st.integers(0, 3))):
+        i = draw(st.integers(0, len(text)))
+        how = draw(st.sampled_from(["cut", "insert", "replace"]))
+        if how == "cut":
+            text = text[:i]
+        else:
+            j = i if how == "insert" else draw(st.integers(i, min(len(text), i + 40)))
+            text = text[:i] + draw(_noise) + text[j:]
+    return text
+
+
+hostile_dumps = _mutated_dump() | st.text(max_size=3000)
+
+_REPLY_FIELDS = [b"v", b"request", b"rank", b"text", b"pid", b"node", b"host", b"error",
+                 b"truncated"]
+_replies = st.builds(protocol.StackReply, st.from_regex(r"[a-z0-9][a-z0-9:.-]{0,20}",
+                                                        fullmatch=True),
+                     _names, _names, st.integers(0, 40_000), st.integers(1, 1 << 22),
+                     _mutated_dump(), st.just("") | st.just("") | _names)
+
+
+@st.composite
+def _mutated_reply(draw: st.DrawFn) -> dict[bytes, bytes]:
+    """A valid reply's fields, then up to two replaced by hostile bytes, dropped or added."""
+    fields = {k.encode(): v.encode() for k, v in
+              protocol.encode_stack_reply(draw(_replies)).items()}
+    for _ in range(draw(st.integers(0, 2))):
+        key = draw(st.sampled_from(_REPLY_FIELDS) | st.binary(max_size=6))
+        if draw(st.booleans()):
+            fields.pop(key, None)
+        else:
+            fields[key] = draw(st.binary(max_size=50) | st.sampled_from(
+                [b"-1", b"True", b"9" * 40, b"1", b"0", b"", b"\xff\xfe", b"a b"]))
+    return fields
+
+
+hostile_replies = _mutated_reply() | st.dictionaries(
+    st.binary(max_size=10) | st.sampled_from(_REPLY_FIELDS), st.binary(max_size=50))
 
 
 @settings(max_examples=200, deadline=None)
@@ -219,13 +279,22 @@ def test_malformed_replies_are_skipped(change: dict[str, str]) -> None:
     assert protocol.decode_stack_reply("1-0", {**fields, **change}) is None
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.dictionaries(st.binary(max_size=10) | st.sampled_from(
-    [b"v", b"request", b"rank", b"text", b"pid", b"node"]), st.binary(max_size=50)))
-def test_any_entry_decodes_without_raising(fields: dict[bytes, bytes]) -> None:
-    reply = protocol.decode_stack_reply(b"1-0", fields)
-    if reply is not None:
-        assert protocol.is_rank(reply.rank) and rank_stack(reply) is not None
+def test_any_entry_decodes_without_raising() -> None:
+    reach = Reach("any_reply_decodes")
+
+    @settings(max_examples=300, deadline=None)
+    @given(hostile_replies)
+    def prop(fields: dict[bytes, bytes]) -> None:
+        reach.example()
+        reply = protocol.decode_stack_reply(b"1-0", fields)
+        reach.hit("decoded", reply is not None)
+        if reply is not None:
+            parsed = rank_stack(reply)
+            reach.hit("decoded with a thread", parsed.threads)
+            assert protocol.is_rank(reply.rank) and parsed is not None
+
+    prop()
+    reach.check(**{"decoded": 0.35, "decoded with a thread": 0.2})
 
 
 def test_stacks_command_is_read_only_and_checked() -> None:

@@ -36,6 +36,7 @@ from elastic_agent.supervision.workers import RankAssignment, WorkerGroup, Worke
 from tests.agents import EXAMPLES, SCRIPTS, Agent, wait_until
 from tests.test_agent import of_type
 from tests.test_console_cli import console
+from tests.waiting import wait_until_async
 
 STUCK = SCRIPTS / "stuck_in_c.py"
 HANG = EXAMPLES / "hang.py"
@@ -59,10 +60,8 @@ async def dump_group(tmp: Path, entrypoint: list[str], preload: tuple[str, ...] 
         await group.start(RankAssignment(group_rank=0, group_world_size=1, world_size=nproc,
                                          base_rank=0, master_addr="127.0.0.1", master_port=1))
         out = [tmp / "j" / "attempt_0" / str(r) / "stdout.log" for r in range(nproc)]
-        deadline = time.monotonic() + 60
-        while not all(p.exists() and wait_for in p.read_text() for p in out):
-            assert time.monotonic() < deadline, "the workers did not start"
-            await asyncio.sleep(0.05)
+        await wait_until_async(lambda: all(p.exists() and wait_for in p.read_text()
+                                           for p in out), 60, "the workers to start")
         dumps = await group.dump_stacks()
         return dumps, group
     finally:
@@ -103,13 +102,11 @@ def test_no_python_and_exec_are_not_signalled(tmp_path):
             (w,) = await group.start(RankAssignment(group_rank=0, group_world_size=1,
                                                     world_size=1, base_rank=0,
                                                     master_addr="127.0.0.1", master_port=1))
-            deadline = time.monotonic() + 30
-            while psutil.Process(w.pid).name() != "sleep":
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.05)
+            await wait_until_async(lambda: psutil.Process(w.pid).name() == "sleep", 30,
+                                   "the worker to exec sleep")
             (dump,) = await group.dump_stacks()
             assert dump.error == stacks.NO_HANDLER
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)  # not a wait: a stretch in which a kill would show
             assert psutil.Process(w.pid).status() != psutil.STATUS_ZOMBIE  # not killed
         finally:
             await group.stop()

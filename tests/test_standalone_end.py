@@ -8,10 +8,18 @@ console under Pilot and once, installed, in tmux."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
+import select
+import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import psutil
 import redis
 from textual.pilot import Pilot
 from textual.worker import WorkerState
@@ -186,3 +194,92 @@ def test_in_tmux_the_end_of_a_standalone_job_is_never_an_outage(job_id, tmp_path
         tmux.keys("q")
         wait_until(lambda: not tmux.alive(), 15, "the console to detach")
 
+
+
+# -- the embedded server dies with its agent, however the agent ends -----------------------
+
+def _redis_child_of(pid: int) -> int:
+    """The pid of the redis-server that process ``pid`` started (its child)."""
+    for child in psutil.Process(pid).children():
+        if child.name() == "redis-server":
+            return child.pid
+    return 0
+
+
+def _ended(pidfd: int, timeout: float) -> bool:
+    """Whether the process of ``pidfd`` ended within ``timeout`` s (a zombie counts: it holds
+    no port; whoever it was reparented to may reap it late)."""
+    return bool(select.select([pidfd], [], [], timeout)[0])
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def test_a_sigkilled_standalone_agent_takes_its_redis_with_it(job_id, tmp_path):
+    agent, _ = standalone_agent(job_id, tmp_path)
+    try:
+        url = redis_url_of(agent)
+        port = int(url.rsplit(":", 1)[1])
+        redis_pid = wait_until(lambda: _redis_child_of(agent.pid), 10, "the agent's redis-server")
+        pidfd = os.pidfd_open(redis_pid)
+        try:
+            assert _answers(port)
+            os.kill(agent.pid, signal.SIGKILL)
+            assert _ended(pidfd, 10), "the embedded redis-server outlived its SIGKILLed agent"
+        finally:
+            os.close(pidfd)
+        assert not _answers(port)
+        assert agent.wait(10) == -signal.SIGKILL
+    finally:
+        agent.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(redis_pid, signal.SIGKILL)
+
+
+# Starts a server from a thread that then ends (asyncio.to_thread's pool, a bench's helper):
+# the server must live on, and die with the process.
+OWNER = """\
+import sys, threading
+from elastic_agent.supervision.standalone import RedisServer
+
+servers = []
+t = threading.Thread(target=lambda: servers.append(RedisServer().start()))
+t.start()
+t.join()
+print(servers[0].port, servers[0].proc.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_server_started_from_a_passing_thread_lives_until_its_process_dies(tmp_path):
+    script = tmp_path / "owner.py"
+    script.write_text(OWNER)
+    owner = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    redis_pid = 0
+    try:
+        assert owner.stdout is not None
+        port, redis_pid = (int(x) for x in owner.stdout.readline().split())
+        pidfd = os.pidfd_open(redis_pid)
+        try:
+            # The thread that forked it has ended. A parent death signal tied to that thread
+            # is sent as the thread exits, about when join() returns: half a second is a
+            # margin of orders of magnitude for it to have arrived.
+            assert not _ended(pidfd, 0.5), "the server died with the thread that started it"
+            assert _answers(port)
+            owner.kill()
+            assert _ended(pidfd, 10), "the server outlived its SIGKILLed process"
+        finally:
+            os.close(pidfd)
+    finally:
+        owner.kill()
+        owner.wait()
+        if redis_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(redis_pid, signal.SIGKILL)

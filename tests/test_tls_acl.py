@@ -4,6 +4,7 @@ operator use the console's commands."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -152,3 +153,80 @@ def test_a_certificate_that_does_not_verify_is_one_clear_line(tls_redis: TlsRedi
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "certificate verify failed" in lines[0], p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_a_jobs_agent_user_can_list_its_job_but_never_hide_another(tls_redis: TlsRedis):
+    """The job index is shared by every job. With the documented ACL a job's agent user may
+    add to it (ZADD) and nothing else: it cannot remove another job's entry. What ZADD still
+    allows (fake entries, another entry's date) the readers answer: only jobs with records
+    are listed, the read is bounded, and `ls` says in one line when entries were not read."""
+    from elastic_console.client import INDEX_READ_MAX
+
+    admin = make_client(tls_redis.server.url)
+    job, other = "idx-a", "idx-b"
+    admin.delete("elastic:jobs")
+    apply_acls(admin, job)
+    now_ms = int(admin.time()[0]) * 1000
+    admin.hset(f"elastic:{{{other}}}:meta", mapping={"created_ms": now_ms - 60_000,
+                                                     "final_state": "succeeded"})
+    admin.zadd("elastic:jobs", {other: now_ms - 60_000})
+    agent_url = (f"rediss://ec-agent-{job}:{PASSWORDS['AGENT_PASSWORD']}@127.0.0.1:"
+                 f"{tls_redis.tls_port}?ssl_ca_certs={tls_redis.certs / 'ca.crt'}")
+    mine = redis.Redis.from_url(agent_url)
+    try:
+        # What an agent does: list its own job (after its meta).
+        mine.hset(f"elastic:{{{job}}}:meta", "created_ms", now_ms)
+        assert mine.zadd("elastic:jobs", {job: now_ms}, nx=True) == 1
+        for command in (["ZREM", "elastic:jobs", other], ["DEL", "elastic:jobs"],
+                        ["UNLINK", "elastic:jobs"], ["ZPOPMIN", "elastic:jobs"],
+                        ["ZREMRANGEBYSCORE", "elastic:jobs", "-inf", "+inf"],
+                        ["EXPIRE", "elastic:jobs", "1"],
+                        ["RENAME", "elastic:jobs", f"elastic:{{{job}}}:x"],
+                        ["EVAL", "return redis.call('DEL', KEYS[1])", "1", "elastic:jobs"]):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                mine.execute_command(*command)
+        assert admin.zscore("elastic:jobs", other) is not None
+        # What it can still do: move the other job's entry last, add fakes, some dated in
+        # the future (which no agent writes: it lists its job at the server's TIME).
+        mine.zadd("elastic:jobs", {other: 0}, xx=True)
+        fakes = 5_000
+        for start in range(0, fakes, 1_000):
+            mine.zadd("elastic:jobs", {f"fake-{i}": now_ms - 100_000 + i
+                                       for i in range(start, start + 1_000)})
+        mine.zadd("elastic:jobs", {f"future-{i}": now_ms + 3_600_000 for i in range(10)})
+    finally:
+        mine.close()
+
+    def ls(user: str, password: str) -> tuple[list[str], str]:
+        p = cli("ls", "--json", "--redis", tls_redis.url(user), password=password)
+        assert p.returncode == 0, p.stderr
+        return [j["job"] for j in json.loads(p.stdout)], p.stderr
+
+    viewer = ("ec-viewer", PASSWORDS["VIEWER_PASSWORD"])
+    listed, said = ls(*viewer)
+    assert listed == [job, other], listed  # the fakes are no jobs; the other job is still there
+    notes = [line for line in said.splitlines() if "note:" in line]
+    assert len(notes) == 1 and "10 were not read" in notes[0], said
+
+    # A flood beyond what one list reads: the other job, moved last, is pushed out of the
+    # list, and `ls` says so (never silently).
+    mine = redis.Redis.from_url(agent_url)
+    try:
+        for start in range(fakes, INDEX_READ_MAX + 1_000, 1_000):
+            mine.zadd("elastic:jobs", {f"fake-{i}": now_ms - 100_000 + i
+                                       for i in range(start, start + 1_000)})
+    finally:
+        mine.close()
+    listed, said = ls(*viewer)
+    assert other not in listed
+    assert "were not read" in said and "docs/SECURITY.md" in said, said
+    # The remedy: a user allowed to prune (here the default user) lists, and the entries
+    # without a job it read are gone; the other job is listed again by the next reader.
+    before = admin.zcard("elastic:jobs")
+    p = subprocess.run([*CONSOLE, "ls", "--redis", tls_redis.server.url], capture_output=True,
+                       text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr
+    assert admin.zcard("elastic:jobs") <= before - INDEX_READ_MAX + 2
+    listed, _ = ls(*viewer)
+    assert listed[-1] == other, listed
+    admin.close()

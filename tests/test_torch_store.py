@@ -21,6 +21,7 @@ from elastic_agent.coordination.ports import free_port
 from elastic_agent.coordination.protocol import JobKeys
 from elastic_agent.coordination.store import RedisStore
 from elastic_agent.coordination.torch_compat import TorchRedisStore
+from tests.waiting import blocked_in, client_ids, wait_until
 
 
 @pytest.fixture
@@ -72,7 +73,7 @@ def test_direct_calls(tstore: TorchRedisStore) -> None:
 
 
 def test_wait_through_prefix_store_is_woken_by_another_thread(
-    tstore: TorchRedisStore, redis_url: str, job_id: str
+    tstore: TorchRedisStore, redis_url: str, r: redis.Redis, job_id: str
 ) -> None:
     p = dist.PrefixStore("w", tstore)
     errors: list[BaseException] = []
@@ -83,8 +84,12 @@ def test_wait_through_prefix_store_is_woken_by_another_thread(
         except BaseException as exc:
             errors.append(exc)
 
+    earlier = client_ids(r)
     t = threading.Thread(target=waiter, daemon=True)
     t.start()
+    # The key is set only once the waiter is blocked in its XREAD, not before it looked.
+    wait_until(lambda: blocked_in(r, "xread", not_in=earlier), 10, "the waiter to block")
+    assert t.is_alive()
     with RedisStore(redis_url, job_id, "torch") as other:
         other.set("w/key", b"1")
     t.join(10)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -50,7 +52,7 @@ timer.configure(timer.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
 
 def wait_for(name):
     while not (d / name).exists():
-        time.sleep(0.01)
+        time.sleep(0.01)  # a worker polls the test's file (tests.waiting is not importable here)
 
 if rank == 0:
     (d / "fifo.tmp").write_text(os.environ["TORCHELASTIC_TIMER_FILE"])
@@ -58,7 +60,7 @@ if rank == 0:
     t0 = time.time()
     # A generous timer (a loaded host must not make the 0.1 s step overrun it), released in time.
     with timer.expires(after=3, scope="quick-step"):
-        time.sleep(0.1)
+        time.sleep(0.1)  # the step the timer covers
     wait_for("go")
     time.sleep(max(0.0, t0 + 3.3 - time.time()))  # past quick-step's deadline: no kill
     print("rank 0 finished in time", flush=True)
@@ -70,7 +72,7 @@ else:
     # on a loaded host would otherwise meet the stop's SIGTERM).
     select.select([os.pidfd_open(int((d / "r0-done").read_text()))], [], [])
     with timer.expires(after=1, scope="slow-step"):
-        time.sleep(60)
+        time.sleep(60)  # the overrun under test: the watchdog ends it
     print("rank 1 was not stopped", flush=True)
 """
 
@@ -253,13 +255,16 @@ def test_signals_descendants_no_signal_and_ended_processes(tmp_path: Path):
         with open(fifo, "wb", buffering=0) as f:
             f.write(request(child, "child-step", now + 0.3, sig=signal.SIGTERM))
             f.write(request(w11.pid, "report-only", now + 0.3, sig=0))
-            f.write(request(w12.pid, "ends-first", now + 0.6))
+            f.write(request(w12.pid, "ends-first", now + 2))
             f.write(request(w12.pid, "moved", now + 0.3))
             f.write(request(w12.pid, "moved", now + 30))  # acquiring again moves the deadline
-        await asyncio.sleep(0.1)
+        # w12 ends while the watchdog holds its timers: all five requests were read.
+        await wait_until_async(lambda: wd.stats.acquired == 5, 10, "the five timers held")
         w12.kill()
         await wait_until_async(lambda: len(seen) >= 2, 10, "two expiries")
-        await asyncio.sleep(0.8)  # past ends-first's deadline: its process is gone
+        # Not a wait: the stretch up to past ends-first's deadline, in which no report of it
+        # may come (its process is gone).
+        await asyncio.sleep(max(0.0, now + 2.3 - time.time()))
         wd.close()
 
     try:
@@ -279,3 +284,76 @@ def test_signals_descendants_no_signal_and_ended_processes(tmp_path: Path):
         for p in (w10, w11, w12):
             p.kill()
             p.wait()
+
+
+# -- a FIFO path in a directory other users may write -----------------------------------------
+
+NOBODY = 65534
+# Root without any capability: the kernel's rules for an unprivileged user (a sticky
+# directory refuses to unlink another user's file), the same files readable (see FIELD-NOTES).
+NO_CAPS = ["setpriv", "--bounding-set=-all", "--inh-caps=-all"]
+
+
+def foreign_fifo(tmp_path: Path) -> Path:
+    """A FIFO of user nobody in a sticky, world-writable directory of nobody (like /tmp)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    os.chown(shared, NOBODY, NOBODY)
+    fifo = shared / "timer"
+    os.mkfifo(fifo, 0o600)
+    os.chown(fifo, NOBODY, NOBODY)
+    return fifo
+
+
+@pytest.mark.parametrize("privileged", [False, True], ids=["unprivileged", "root"])
+def test_another_users_fifo_is_refused_in_one_line(redis_url, job_id, tmp_path: Path,
+                                                  privileged: bool):
+    """Unprivileged, it could not be removed (a raw PermissionError once stopped the agent);
+    as root it would have been deleted and replaced. Either way: one line, nothing touched."""
+    if not privileged and shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is needed to drop the capabilities")
+    fifo = foreign_fifo(tmp_path)
+    before = os.lstat(fifo)
+    env = {"TORCHELASTIC_ENABLE_FILE_TIMER": "1", "TORCHELASTIC_TIMER_FILE": str(fifo)}
+    agent = Agent(agent_args(redis_url, job_id, "--nproc-per-node", "1", "-m", "platform"),
+                  tmp_path, "agent", env=env, prefix=None if privileged else NO_CAPS)
+    code = agent.wait(60)
+    out = agent.output
+    errors = [line for line in out.splitlines() if "error" in line.lower()]
+    assert code == 1, out
+    assert "Traceback" not in out, out
+    assert len(errors) == 1 and "another user's FIFO" in errors[0], out
+    after = os.lstat(fifo)
+    assert (after.st_ino, after.st_uid) == (before.st_ino, NOBODY), "the FIFO was replaced"
+
+
+def test_a_fifo_swapped_after_mkfifo_is_refused(tmp_path: Path):
+    """Between ``mkfifo`` and ``open`` another user may swap the path, in a directory they
+    may write: for a symlink to their FIFO, or a FIFO of their own. Neither is served, and
+    what took the place of ours is not removed at close."""
+    theirs = foreign_fifo(tmp_path)
+    path = tmp_path / "timer"
+    said: list[str] = []
+
+    def swapped_for_symlink(self: Watchdog, p: Path) -> None:
+        Watchdog._make_fifo(self, p)
+        p.unlink()
+        p.symlink_to(theirs)
+
+    def swapped_for_foreign(self: Watchdog, p: Path) -> None:
+        Watchdog._make_fifo(self, p)
+        p.unlink()
+        os.mkfifo(p, 0o600)
+        os.chown(p, NOBODY, NOBODY)
+
+    for swap, why in ((swapped_for_symlink, "replaced by a symlink"),
+                      (swapped_for_foreign, "replaced by another file")):
+        wd = Watchdog(path, lambda *_a, **_k: None, said.append)
+        wd._make_fifo = swap.__get__(wd)  # type: ignore[method-assign]
+        with pytest.raises(WatchdogError, match=why):
+            asyncio.run(wd.start())
+        assert not said, "a refused FIFO is not announced as served"
+        assert os.path.lexists(path), "the other user's file was removed at close"
+        path.unlink()
+    assert stat.S_ISFIFO(os.lstat(theirs).st_mode)

@@ -286,6 +286,9 @@ async def test_stale_error_file_is_deleted_at_start(tmp_path: Path) -> None:
     async with Group(spec) as group:
         await group.start(assignment())
         result = await asyncio.wait_for(group.wait(), 10)
+    # The worker wrote no error file, so none is there now: the earlier run's was removed.
+    assert not stale.exists()
+    assert result.failures[0].error_file is None
     assert result.failures[0].message == "exit code 2"
 
 
@@ -505,8 +508,8 @@ async def test_the_next_attempt_runs_on_the_keeper_started_ahead(tmp_path: Path,
         for rank in range(2):
             await wait_for_output(tmp_path, rank, "\n")
         assert int(stdout_of(tmp_path, 0)) == first  # the workers' parent: that keeper
-        await group.stop()
-        assert not alive(first)
+        await group.stop()  # returns once the keeper has ended the tree; it exits after
+        await wait_until_async(lambda: not alive(first), what="the first keeper gone")
         await group.start(assignment(2, attempt=1))
         assert group._keeper.pid == ahead
         await wait_until_async(lambda: all(stdout_of(tmp_path, rank, attempt=1).endswith("\n")
@@ -515,6 +518,7 @@ async def test_the_next_attempt_runs_on_the_keeper_started_ahead(tmp_path: Path,
         spare = await _spare_pid(group)
         await group.stop()
         await group.close()
+        assert not alive(ahead)  # close waits for the last keeper's own exit
         # Closing the group ends the idle keeper too: no process is left behind.
         await wait_until_async(lambda: not alive(spare), what="the idle keeper gone")
 

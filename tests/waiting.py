@@ -1,11 +1,17 @@
-"""Waiting on conditions with deadlines: the tests' only use of sleep."""
+"""Waiting on conditions with deadlines. Every other sleep a test makes says, in a comment on
+or just above its line, why it is not a wait on a condition: the pace of a writer or a bar
+under test, a random moment to strike at, a stretch of time in which nothing may happen, a
+tight poll whose timing is the figure. (Sleeps in the code of the workers and child processes
+that tests start, the strings they run, are those programs' behaviour, not the test's.)"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
+
+import redis
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
@@ -29,3 +35,18 @@ async def wait_until_async(predicate: Callable[[], Any], timeout: float = 10.0,
             return result
         await asyncio.sleep(0.005)
     raise AssertionError(f"{what} not reached within {timeout:g} s")
+
+
+def client_ids(r: redis.Redis) -> set[str]:
+    """The ids of the server's connections now (to tell a new one apart later)."""
+    return {c["id"] for c in r.client_list()}
+
+
+def blocked_in(r: redis.Redis, command: str, name: str | None = None,
+               not_in: Collection[str] = ()) -> bool:
+    """Whether the server holds a client (named ``name``, if given; not one of ``not_in``)
+    blocked (flag ``b``) in ``command`` (lower case, e.g. ``xread``): a blocking read is under
+    way, not about to be."""
+    return any(c.get("cmd") == command and "b" in c.get("flags", "")
+               and (name is None or c.get("name") == name) and c["id"] not in not_in
+               for c in r.client_list())

@@ -45,15 +45,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import json
+import math
 import os
 import re
 import socket
 import string
 import sys
 import time
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections import deque
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
@@ -111,8 +114,11 @@ def parse_endpoint(value: str | None) -> Endpoint:
 
     ACL user and password go in the URL (``redis://user:pass@host:6379/0``) or, better, outside
     the command line (:func:`with_outside_password`). A password need not be percent-encoded:
-    the userinfo runs to the last ``@``, so ``@``, ``:``, spaces, ``/`` or ``#`` in it work.
-    An error message shows the endpoint through :func:`redact_endpoint`, never as typed.
+    the userinfo runs to the last ``@``, so ``@``, ``:``, spaces, ``/`` or ``#`` in it work;
+    a URL that also reads validly the standard way, naming another server or credentials, is
+    refused: the host is never taken from a password. The query carries only the options in
+    ``_QUERY_KEYS`` (and ``ssl_*`` over TLS). An error message shows the endpoint through
+    :func:`redact_endpoint`, never as typed, and no query value.
     """
     if value is None or not str(value).strip():
         return Endpoint(DEFAULT_URL)
@@ -122,18 +128,27 @@ def parse_endpoint(value: str | None) -> Endpoint:
         _remember_url_password(ep.url)
         return ep
     if value.startswith(_SCHEMES):
-        try:
-            ep = _parse_url(value)
-        except EndpointError as first:
-            # A raw "/", "?", "#" or "[" in a password cuts the URL short for urlsplit; read
-            # the userinfo up to the last "@" instead, and keep that reading only if it is valid.
-            encoded = _encode_userinfo(value)
-            if encoded == value:
-                raise
+        # A raw "/", "?", "#" or "[" in a password cuts the URL short for urlsplit: the
+        # userinfo up to the last "@" is the other reading. Each is kept only if valid, and
+        # when both are, they must mean the same: otherwise one of them takes a piece of a
+        # password for the host (``u:pa@wo?rd@host`` read as host "wo").
+        readings = [value]
+        encoded = _encode_userinfo(value)
+        if encoded != value:
+            readings.append(encoded)
+        valid: list[Endpoint] = []
+        first: EndpointError | None = None
+        for reading in readings:
             try:
-                ep = _parse_url(encoded)
-            except EndpointError:
-                raise first from None
+                valid.append(_parse_url(reading))
+            except EndpointError as exc:
+                first = first or exc
+        if not valid:
+            assert first is not None
+            raise first
+        if len(valid) > 1 and _meaning(valid[0].url) != _meaning(valid[1].url):
+            raise _ambiguous(redact_endpoint(value))
+        ep = valid[0]
         _remember_url_password(ep.url)
         return ep
     shown = redact_endpoint(value)
@@ -170,6 +185,7 @@ def _parse_url(value: str) -> Endpoint:
                 f"invalid Redis endpoint {shown!r}: expected unix://[user:password@]/path "
                 f"(an '@' or '#' in the path written %40 or %23)"
             )
+        _check_query(parts.query, False, shown)
         return Endpoint(value)
     try:
         port = parts.port
@@ -189,18 +205,94 @@ def _parse_url(value: str) -> Endpoint:
         raise EndpointError(
             f"invalid Redis endpoint {shown!r}: the path must be a database number"
         )
+    _check_query(parts.query, parts.scheme.startswith("rediss"), shown)
     if port is None:
         netloc = parts.netloc.removesuffix(":") + f":{DEFAULT_PORT}"
         value = parts._replace(netloc=netloc).geturl()
-    return Endpoint(value)
+    return Endpoint(_query_encoded(value))
+
+
+def _query_encoded(url: str) -> str:
+    """``url`` with its query percent-encoded (same meaning to redis-py): no raw "@" is left
+    after the userinfo, so its display masks exactly the password (see redact_endpoint)."""
+    base, mark, query = url.partition("?")
+    if not mark or "@" not in query:
+        return url
+    return base + "?" + urlencode(parse_qsl(query, keep_blank_values=True), safe="/:,",
+                                  quote_via=quote)
+
+
+#: The query options a URL may carry, each read by redis-py: the database, credentials, the
+#: connect timeout and, over TLS, ``ssl_*``. Anything else is refused, with one line: redis-py
+#: passes an unknown key to the connection's constructor (a TypeError at the first command,
+#: quoting the key), and a raw password cut short by a "?" in it becomes such a key. Options
+#: this package sets itself are refused too: a ``socket_timeout`` or ``protocol`` from the URL
+#: would override the blocking readers' timeout and the RESP2 replies every reader expects.
+_QUERY_KEYS = frozenset({"db", "username", "password", "socket_connect_timeout"})
+_TLS_QUERY_KEYS = frozenset(
+    k for k in inspect.signature(redis.connection.SSLConnection.__init__).parameters
+    if k.startswith("ssl_") and k != "ssl_ocsp_context")  # an object, not text
+_SSL_CERT_REQS = ("none", "optional", "required")
+_SHOWN_KEY_RE = re.compile(r"[a-z_]{1,40}")
+
+
+def _check_query(query: str, tls: bool, shown: str, extra: Collection[str] = ()) -> None:
+    """Raise EndpointError unless every option of ``query`` is one redis-py takes from a URL,
+    with a value it can read. A key is named only if the redacted endpoint ``shown`` shows it
+    too (what was not shown may be a piece of a password); a value never is. The endpoint
+    comes last in the message: a masked ``password=`` query hides everything after it."""
+    for key, val in parse_qsl(query, keep_blank_values=True):
+        named = (f"the query option {key!r}" if _SHOWN_KEY_RE.fullmatch(key) and key in shown
+                 else "a query option")
+        if key in _TLS_QUERY_KEYS and not tls:
+            raise EndpointError(f"invalid Redis endpoint ({named} needs TLS: a rediss:// "
+                                f"URL): {shown!r}")
+        if key not in _QUERY_KEYS and key not in _TLS_QUERY_KEYS and key not in extra:
+            accepted = ", ".join(sorted({*_QUERY_KEYS, *extra}))
+            hint = ("; a '&' in a query password is written %26"
+                    if re.search(r"(?:^|&)[a-z_]*password=", query) else "")
+            raise EndpointError(
+                f"invalid Redis endpoint ({named} is not one a URL may carry: {accepted}, and "
+                f"ssl_* options for rediss://{hint}): {shown!r}")
+        parser = redis.connection.URL_QUERY_ARGUMENT_PARSERS.get(key)
+        try:
+            ok = bool(val) and (parser is None or parser(val) is not None)
+            if key == "db":
+                ok = ok and val.isdigit()
+            elif key == "socket_connect_timeout":
+                ok = ok and 0 < float(val) < math.inf
+            elif key == "ssl_cert_reqs":
+                ok = ok and val in _SSL_CERT_REQS
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise EndpointError(f"invalid Redis endpoint ({named} has no valid value): "
+                                f"{shown!r}")
+
+
+def _meaning(url: str) -> dict[str, Any]:
+    """What redis-py connects with for ``url`` (address, credentials, options)."""
+    for explicit in CLUSTER_SCHEMES:
+        if url.startswith(explicit):
+            url = explicit.replace("+cluster", "", 1) + url[len(explicit):]
+    return redis.connection.parse_url(url)
+
+
+def _ambiguous(shown: str) -> EndpointError:
+    return EndpointError(
+        f"invalid Redis endpoint (it reads two ways, each with another server or password: "
+        f"write the password percent-encoded, '@' as %40 and '?' as %3F, or give it in "
+        f"${PASSWORD_ENV}): {shown!r}")
 
 
 def _parse_sentinel(value: str) -> Endpoint:
     """``value`` as a Sentinel URL, kept as typed but for a percent-encoded userinfo.
 
     A raw password may hold "/", "?", "#" or "@" and so end the authority early: each "@"
-    is tried as the userinfo's end, the standard reading first, then from the last one; the
-    first reading whose rest is a valid host list and service wins.
+    is tried as the userinfo's end, the standard reading first, then from the last one. The
+    reading whose rest is a valid host list, service and query wins; two valid readings that
+    name different sentinels or credentials are refused (one takes a piece of a password for
+    a host).
     """
     shown = redact_endpoint(value)
     prefix, rest = _split_scheme(value)
@@ -209,21 +301,29 @@ def _parse_sentinel(value: str) -> Endpoint:
     standard = authority.rfind("@")
     readings = [standard] + [i for i in reversed(ends) if i != standard]
     first_error: EndpointError | None = None
+    found: list[Endpoint] = []
     for at in readings:
         userinfo, tail = (rest[:at], rest[at + 1:]) if at >= 0 else ("", rest)
         try:
-            hosts, service, query = _sentinel_tail(tail, shown)
+            hosts, service, query = _sentinel_tail(tail, shown, prefix.startswith("rediss"))
         except EndpointError as exc:
             first_error = first_error or exc
             continue
         cred = quote(userinfo, safe=_USERINFO_SAFE) + "@" if at >= 0 else ""
         hostlist = ",".join(f"{_bracket(h)}:{p}" for h, p in hosts)
-        return Endpoint(f"{prefix}{cred}{hostlist}/{service}" + (f"?{query}" if query else ""))
+        ep = Endpoint(_query_encoded(f"{prefix}{cred}{hostlist}/{service}"
+                                     + (f"?{query}" if query else "")))
+        if ep not in found:
+            found.append(ep)
+    if len(found) > 1:
+        raise _ambiguous(shown)
+    if found:
+        return found[0]
     assert first_error is not None
     raise first_error
 
 
-def _sentinel_tail(tail: str, shown: str) -> tuple[list[tuple[str, int]], str, str]:
+def _sentinel_tail(tail: str, shown: str, tls: bool) -> tuple[list[tuple[str, int]], str, str]:
     """``host:port[,host:port...]/service[?query]`` -> (sentinels, service, query)."""
     usage = (f"invalid Redis endpoint {shown!r}: expected "
              f"redis+sentinel://[user:password@]host:port[,host:port...]/service[?db=N]")
@@ -243,9 +343,7 @@ def _sentinel_tail(tail: str, shown: str) -> tuple[list[tuple[str, int]], str, s
             raise EndpointError(
                 f"invalid Redis endpoint {shown!r}: the port is not a number from 1 to 65535")
         hosts.append((m.group(1).strip("[]"), port))
-    for key, val in parse_qsl(query, keep_blank_values=True):
-        if key == "db" and not val.isdigit():
-            raise EndpointError(f"invalid Redis endpoint {shown!r}: db is not a number")
+    _check_query(query, tls, shown, _SENTINEL_AUTH_KEYS)
     return hosts, service, query
 
 
@@ -377,12 +475,22 @@ def redact_endpoint(value: str) -> str:
     without its host); a ``password=`` query value, to the end.
     """
     # Known passwords first: a structural cut inside one would leave a piece to match nothing.
-    # A query password first too: an "@" in it must not be taken for the userinfo's end.
-    prefix, rest = _split_scheme(_redact_query(_mask_known(str(value))))
-    userinfo, at, tail = rest.rpartition("@")
+    prefix, rest = _split_scheme(_mask_known(str(value)))
+    if _query_password_before_at(rest):
+        # "password=" before the last "@": in a query password holding an "@", or in a
+        # password of the userinfo holding "?password=". Each reading hides what the other
+        # would show: both are applied, and nothing after the user remains.
+        return prefix + _mask_userinfo(rest.rpartition("@")[0]).removesuffix("@")
+    # Else a query password first: an "@" in it must not be taken for the userinfo's end.
+    userinfo, at, tail = _redact_query(rest).rpartition("@")
     host_list = prefix.startswith(SENTINEL_SCHEMES)
     return (prefix + (_mask_userinfo(userinfo) if at else "")
             + _host_shown(tail, not prefix, host_list))
+
+
+def _query_password_before_at(rest: str) -> bool:
+    q = _QUERY_PASSWORD_RE.search(rest)
+    return q is not None and q.start() < rest.rfind("@")
 
 
 def redact(text: str) -> str:
@@ -397,8 +505,12 @@ def redact(text: str) -> str:
     """
     # Known passwords and query passwords first: a cut at an "@" inside one would hide the
     # rest of it from the rule that finds it.
-    text = _redact_query(_mask_known(str(text)))
+    text = _mask_known(str(text))
     m = _SCHEME_RE.search(text)
+    if m is not None and _query_password_before_at(text[m.end():]):
+        # As in redact_endpoint: both readings of "password=" before the last "@" at once.
+        return text[:m.end()] + _mask_userinfo(text[m.end():].rpartition("@")[0]).removesuffix("@")
+    text = _redact_query(text)
     if m is not None:
         at = text.rfind("@", m.end())
         if at >= 0:
@@ -614,11 +726,15 @@ def make_async_client(
     socket_timeout: float = 10.0,
     max_connections: int | None = None,
     client_name: str | None = None,
+    one_connection: bool = False,
 ) -> aioredis.Redis:
     """The asyncio twin of :func:`make_client`, with the same timeouts and retry policy.
 
     ``client_name``: each connection names itself so (``CLIENT SETNAME``) when the server
-    lets it; a user whose ACL refuses it stays anonymous rather than unable to connect."""
+    lets it; a user whose ACL refuses it stays anonymous rather than unable to connect.
+    ``one_connection``: the client never holds more than one connection (per master of a
+    Redis Cluster): concurrent commands and pipelines take turns on it, those sent under
+    :func:`priority` first (see :class:`_OneConnectionGate`)."""
     from redis.asyncio.retry import Retry as AsyncRetry
 
     ep = endpoint if isinstance(endpoint, Endpoint) else parse_endpoint(endpoint)
@@ -630,12 +746,126 @@ def make_async_client(
         client = _cluster_client(ep, kwargs, asynchronous=True)
         if client_name is not None:
             _name_cluster_connections(client, client_name)
+        if one_connection:
+            _gate_cluster_client(client, _OneConnectionGate())
         return client
     else:
         client = aioredis.Redis.from_url(ep.url, **kwargs)
     if client_name is not None:
         _name_connections(client.connection_pool, client_name)
+    if one_connection:
+        _gate_pool(client.connection_pool, _OneConnectionGate())
     return client
+
+
+# -- one connection per client ----------------------------------------------------------------
+
+_PRIORITY: contextvars.ContextVar[bool] = contextvars.ContextVar("elastic_redis_priority",
+                                                                 default=False)
+
+
+@contextlib.contextmanager
+def priority() -> Iterator[None]:
+    """Commands sent from this context go ahead of the others waiting for a one-connection
+    client (``make_async_client(one_connection=True)``): the agent's heartbeats and
+    rendezvous calls are not held up behind a queue of log batches."""
+    token = _PRIORITY.set(True)
+    try:
+        yield
+    finally:
+        _PRIORITY.reset(token)
+
+
+class _OneConnectionGate:
+    """Lets one command (or pipeline) at a time use a client's connection: waiters marked
+    with :func:`priority` first, each kind in arrival order. A connection pool lets every
+    concurrent command open a connection of its own; the agent has many concurrent tasks and
+    4,096 agents would hold ten thousands of connections."""
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._high: deque[asyncio.Future[None]] = deque()
+        self._low: deque[asyncio.Future[None]] = deque()
+
+    async def acquire(self) -> None:
+        if not self._busy:
+            self._busy = True
+            return
+        fut = asyncio.get_running_loop().create_future()
+        (self._high if _PRIORITY.get() else self._low).append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # handed over just as the waiter was cancelled: pass it on
+            raise
+
+    def release(self) -> None:
+        for queue in (self._high, self._low):
+            while queue:
+                fut = queue.popleft()
+                if not fut.done():
+                    fut.set_result(None)  # handed over: still busy
+                    return
+        self._busy = False
+
+
+def _gate_pool(pool: Any, gate: _OneConnectionGate) -> None:
+    """Put ``gate`` in front of ``pool`` (any asyncio pool: plain, SSL, Sentinel): with one
+    holder at a time the pool never opens a second connection."""
+    get, put = pool.get_connection, pool.release
+    handed: set[int] = set()  # the connections handed out through the gate
+
+    async def get_connection(*args: Any, **kwargs: Any) -> Any:
+        await gate.acquire()
+        try:
+            connection = await get(*args, **kwargs)
+        except BaseException:
+            gate.release()  # redis-py's own release of a failed connection is not gated
+            raise
+        handed.add(id(connection))
+        return connection
+
+    async def release(connection: Any) -> None:
+        try:
+            await put(connection)
+        finally:
+            if id(connection) in handed:
+                handed.discard(id(connection))
+                gate.release()
+
+    pool.get_connection = get_connection
+    pool.release = release
+
+
+def _gate_cluster_client(client: Any, gate: _OneConnectionGate) -> None:
+    """:func:`_gate_pool` for an asyncio cluster client, which has no pool: one command or
+    pipeline at a time, so each master it talks to has at most one connection of it."""
+    execute, make_pipeline = client.execute_command, client.pipeline
+
+    async def execute_command(*args: Any, **kwargs: Any) -> Any:
+        await gate.acquire()
+        try:
+            return await execute(*args, **kwargs)
+        finally:
+            gate.release()
+
+    def pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipe = make_pipeline(*args, **kwargs)
+        run = pipe.execute
+
+        async def gated(*a: Any, **kw: Any) -> Any:
+            await gate.acquire()
+            try:
+                return await run(*a, **kw)
+            finally:
+                gate.release()
+
+        pipe.execute = gated
+        return pipe
+
+    client.execute_command = execute_command
+    client.pipeline = pipeline
 
 
 def _name_connections(pool: Any, name: str) -> None:
@@ -739,12 +969,25 @@ class _AsyncClusterRedis(aioredis.cluster.RedisCluster):
     endpoint_display = ""
 
     async def initialize(self, *args: Any, **kwargs: Any) -> Any:
+        reading = self._initialize
         try:
-            return await super().initialize(*args, **kwargs)
+            client = await super().initialize(*args, **kwargs)
         except redis.exceptions.RedisClusterException as exc:
             if not _cluster_unreachable(exc):
                 raise
             raise redis.ConnectionError(redact(str(exc))) from None
+        if reading:
+            # Reading the slot map and the command table leaves idle connections to the node
+            # asked (two: its startup entry's and its entry's in the map) that the client may
+            # never use again: closed, each reconnects if used (issue 21: connections count).
+            nodes = self.nodes_manager.nodes_cache
+            with contextlib.suppress(Exception):
+                for name, node in self.nodes_manager.startup_nodes.items():
+                    if nodes.get(name) is not node:
+                        await node.disconnect()
+                for node in nodes.values():
+                    await node.disconnect_free_connections()
+        return client
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         try:

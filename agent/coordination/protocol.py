@@ -48,6 +48,10 @@ MAX_NAME_CHARS = 256
 MAX_COMMAND_ID_CHARS = 128
 #: The largest rank a record may name (far above any job; keeps arithmetic on ranks sane).
 MAX_RANK = 1 << 24
+#: The most items a reader takes from one list of a record (a node's ranks and pids, a
+#: round's nodes, a stall's odd ranks): the design's largest job (32,768 ranks on 4,096 nodes)
+#: fits in one; the rest of a longer list is ignored (see :func:`record_list`).
+MAX_RECORD_LIST = 32_768
 
 #: The job index: a sorted set of job ids scored by their creation time (server ms).
 JOBS_INDEX = "elastic:jobs"
@@ -141,6 +145,20 @@ def is_rank(value: Any) -> bool:
     return type(value) is int and 0 <= value < MAX_RANK
 
 
+def record_list(value: Any, limit: int = MAX_RECORD_LIST) -> list[Any]:
+    """A list field of a decoded record: its first ``limit`` items, ``[]`` for anything but a
+    list. How a reader takes every list from a record: a 1 MiB event holds ~140k ranks, and
+    an item a reader keeps costs it far more than the item's bytes."""
+    return value[:limit] if type(value) is list else []
+
+
+def rank_list(value: Any, limit: int = MAX_RECORD_LIST, world: int | None = None) -> list[int]:
+    """The ranks among the first ``limit`` items of a list field (:func:`is_rank`, and below
+    ``world`` when it is known); other items are dropped."""
+    top = MAX_RANK if world is None else min(world, MAX_RANK)
+    return [r for r in record_list(value, limit) if type(r) is int and 0 <= r < top]
+
+
 def record_version(fields: Mapping[str, str]) -> int | None:
     """The record's ``v`` if this reader supports it, else None."""
     raw = fields.get("v", "")
@@ -210,6 +228,12 @@ class JobKeys:
         return self._k("stacks")
 
     @property
+    def progress_newest(self) -> str:
+        """String ``"<round> <ms>"``: the newest progress of any member of that round (the
+        stall check's one shared value, so no check reads every node's field)."""
+        return self._k("progress:newest")
+
+    @property
     def progress(self) -> str:
         """Hash: node -> Redis server time (ms, integer) of the newest progress of any of its
         workers (an output line, or CPU time advancing; see supervision/stall.py). Written by
@@ -222,6 +246,11 @@ class JobKeys:
         claimed (SET with a lease while it captures the stacks; kept once reported). A stall
         is claimed again only after newer progress, so one stall is reported exactly once."""
         return self._k(f"stall:{int(round_)}")
+
+    def wake(self, node_id: str) -> str:
+        """Stream (one entry, 60 s TTL): written by one agent to wake its own multiplexed
+        XREAD when it starts following another stream (coordination/stream_mux.py)."""
+        return self._k(f"wake:{node_id}")
 
     @property
     def resources(self) -> str:
@@ -265,6 +294,12 @@ class JobKeys:
     def rdzv_round_info(self) -> str:
         """String (JSON): the last completed round (see ``RoundInfo``)."""
         return self._k("rdzv:round")
+
+    @property
+    def rdzv_assign(self) -> str:
+        """Hash: node -> ``"<round> <group rank> <base rank>"``, its place in the last round it
+        completed; what a node reads of a completed round (O(1), not the whole round)."""
+        return self._k("rdzv:assign")
 
     @property
     def rdzv_nodes(self) -> str:
@@ -797,7 +832,9 @@ def decode_command(entry_id: str | bytes, fields: Mapping[Any, Any]) -> Command 
     if command_type == CommandType.SIGNAL:
         if not is_rank(args.get("rank")):
             return "signal needs args.rank, a non-negative integer"
-        if args.get("signal", "SIGTERM") not in CommandType.SIGNALS:
+        sig = args.get("signal", "SIGTERM")
+        # type first: a list or an object is unhashable, and ``in`` a frozenset would raise
+        if type(sig) is not str or sig not in CommandType.SIGNALS:
             return f"signal must be one of {', '.join(sorted(CommandType.SIGNALS))}"
     if command_type == CommandType.STACKS and args.get("rank") is not None \
             and not is_rank(args.get("rank")):

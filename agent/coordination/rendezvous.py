@@ -29,6 +29,7 @@ The protocol
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -37,9 +38,9 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Callable, Collection, Generator, Iterator
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import redis
 
@@ -55,6 +56,8 @@ BACKEND = "redis"
 
 #: Longest single XREAD BLOCK; waits longer than this loop (the socket timeout is set past it).
 _BLOCK_CHUNK_MS = 30_000
+#: How often a waiter with a progress display joins again to refresh it.
+_PROGRESS_MS = 5_000
 
 
 class RendezvousError(Exception):
@@ -109,14 +112,19 @@ class RendezvousSettings:
 
 @dataclass(frozen=True)
 class RendezvousResult:
-    """What a completed round means for this node."""
+    """What a completed round means for this node: O(1) in the job's size. The whole round
+    (every node) is :meth:`RedisRendezvous.round_info`, for the one node that announces it."""
 
     round: int
     group_rank: int
     group_world_size: int
     master_addr: str
     master_port: int
-    info: RoundInfo
+    #: Workers in the round (the nodes' nproc added up); 0 when the nodes did not say.
+    total_workers: int = 0
+    #: Global rank of this node's local rank 0.
+    base_rank: int = 0
+    completed_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -125,17 +133,23 @@ class RendezvousProgress:
 
     round: int
     status: str  # "open", "waiting" (round complete without us) or "complete"
-    joined: list[str]
+    joined: list[str]  # the members so far while they are few (_NAMES), else empty
     min_nodes: int
     max_nodes: int
     last_call_left: float | None  # seconds left in the last call, if it is running
     join_left: float  # seconds left before join_timeout
-    missing: list[str] = field(default_factory=list)  # previous round's nodes not yet back
+    joined_count: int = 0
+    #: Members of the previous round not back yet (a count: naming them walks the round).
+    missing_count: int = 0
 
 
 @dataclass(frozen=True)
 class Membership:
-    """The job's rendezvous as a whole, read atomically at one server time."""
+    """The job's rendezvous, read atomically at one server time.
+
+    A node's loop reads a summary (:meth:`RedisRendezvous.lost_since_last_check`): counts,
+    and the lists hold at most ``NAMES`` nodes each (``members`` and ``live`` empty).
+    :meth:`RedisRendezvous.membership` reads every list in full."""
 
     round: int
     status: str
@@ -146,19 +160,41 @@ class Membership:
     left: list[str]  # members of the completed round that left on their own
     waiting: list[str]
     now_ms: int
+    member_count: int = -1  # -1: len(members)
+    left_count: int = -1
+    waiting_count: int = -1
+    live_count: int = -1
+    is_member: bool | None = None  # the reading node's place in the round (summary only)
+
+    def __post_init__(self) -> None:
+        for name, of in (("member_count", "members"), ("left_count", "left"),
+                         ("waiting_count", "waiting"), ("live_count", "live")):
+            if getattr(self, name) < 0:
+                object.__setattr__(self, name, len(getattr(self, of)))
 
     @property
     def whole(self) -> bool:
-        return self.status == "complete" and not self.lost and not self.left
+        return self.status == "complete" and not self.lost and not self.left_count
+
+
+#: How many nodes a summary names per list (the rest are counted).
+NAMES = 16
 
 
 # -- Lua --------------------------------------------------------------------------------
+# Cost at scale (a job of N nodes): every script a node runs per interval (heartbeat,
+# summary) and every join is O(log N) in the job's size, plus the few nodes it names
+# (capped at _NAMES). Only ``complete`` walks every member, once per round; the full
+# ``membership`` read is for tools and tests, never a node's loop. tests/test_scale_counts.py
+# counts this on a real Redis.
+#
 # KEYS: 1 state, 2 members, 3 waiting, 4 ranks, 5 round_info, 6 nodes, 7 heartbeats,
-#       8 left, 9 notify, 10 lost, 11 joins
+#       8 left, 9 notify, 10 lost, 11 joins, 12 assign
 _PRELUDE = """
 local K_STATE, K_MEMBERS, K_WAITING, K_RANKS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_ROUND, K_NODES, K_HB, K_LEFT, K_NOTIFY, K_LOST = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local K_JOINS = KEYS[11]
+local K_JOINS, K_ASSIGN = KEYS[11], KEYS[12]
+local NAMES = 16
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -169,18 +205,14 @@ local function notify(kind)
   return redis.call('XADD', K_NOTIFY, 'MAXLEN', '~', 1000, '*', 'e', kind)
 end
 
-local function last_id(key)
-  local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
+local function last_notify_id()
+  local last = redis.call('XREVRANGE', K_NOTIFY, '+', '-', 'COUNT', 1)
   if #last == 0 then return '0-0' end
   return last[1][1]
 end
 
-local function last_notify_id()
-  return last_id(K_NOTIFY)
-end
-
--- Joins and leaves wake only progress displays: waking every waiter on every join would
--- cost O(N^2) script calls for N nodes.
+-- Joins and leaves are appended for progress displays (the console); no waiter follows
+-- this stream: waking every waiter on every join would cost O(N^2) for N nodes.
 local function note_join(kind, node)
   redis.call('XADD', K_JOINS, 'MAXLEN', '~', 1000, '*', 'e', kind, 'node', node,
              'n', redis.call('ZCARD', K_MEMBERS))
@@ -200,42 +232,61 @@ local function state(floor)
   if not s[1] then
     floor = floor or 0
     redis.call('HSET', K_STATE, 'round', floor, 'status', 'open', 'closed', 0, 'deadline', 0,
-               'seq', 0)
+               'seq', 0, 'back', 0)
     return floor, 'open', false, 0
   end
   return tonumber(s[1]), s[2], s[3] == '1', tonumber(s[4])
 end
 
--- Drop members of an open round whose heartbeats stopped; they are not coming back.
+-- A member of the open round leaves it (dropped or gone): keep the count of previous
+-- members that are back right.
+local function drop_member(n)
+  if redis.call('ZREM', K_MEMBERS, n) == 1 then
+    if redis.call('HEXISTS', K_RANKS, n) == 1 then redis.call('HINCRBY', K_STATE, 'back', -1) end
+    return 1
+  end
+  return 0
+end
+
+-- Drop nodes whose heartbeats stopped from an open round and from the heartbeats: they
+-- are not coming back (one that does beats again). Dropping them from the heartbeats too
+-- keeps every later scan from meeting the same dead nodes again. O(log N + stale).
 local function purge_open(now, hbt)
   local stale = redis.call('ZRANGEBYSCORE', K_HB, '-inf', '(' .. (now - hbt))
   local dropped = 0
   for _, n in ipairs(stale) do
-    dropped = dropped + redis.call('ZREM', K_MEMBERS, n)
+    dropped = dropped + drop_member(n)
+    redis.call('ZREM', K_HB, n)
+    redis.call('ZREM', K_WAITING, n)
   end
   return dropped
 end
 
+-- The one call that walks every member: once per round, by the join that completes it.
+-- Besides the readers' record (rdzv:round) it writes what each node needs of the round in
+-- O(1): its assignment (rdzv:assign: "round group_rank base_rank") and the round's head
+-- (state field 'head': round, sizes, master address), so no node ever reads the whole round.
 local function complete(round, now)
   local members = redis.call('ZRANGE', K_MEMBERS, 0, -1)
   local n = #members
-  local old = {}
+  local descs = {}
   local taken = {}
   local assigned = {}
-  -- A static node (--rdzv-backend static) asked for its rank: it gets it, first come.
   for _, m in ipairs(members) do
     local ok, d = pcall(cjson.decode, redis.call('HGET', K_NODES, m) or '')
-    local r = ok and type(d) == 'table' and d['node_rank']
+    if not ok or type(d) ~= 'table' then d = {node = m} end
+    descs[m] = d
+  end
+  -- A static node (--rdzv-backend static) asked for its rank: it gets it, first come.
+  for _, m in ipairs(members) do
+    local r = descs[m]['node_rank']
     if type(r) == 'number' and r >= 0 and r < n and r == math.floor(r) and not taken[r] then
       assigned[m] = r; taken[r] = true
     end
   end
   for _, m in ipairs(members) do
-    local r = assigned[m] == nil and redis.call('HGET', K_RANKS, m)
-    if r then
-      r = tonumber(r)
-      if r < n and not taken[r] then assigned[m] = r; taken[r] = true end
-    end
+    local r = assigned[m] == nil and tonumber(redis.call('HGET', K_RANKS, m) or '')
+    if r and r < n and not taken[r] then assigned[m] = r; taken[r] = true end
   end
   local nxt = 0
   for _, m in ipairs(members) do
@@ -248,14 +299,25 @@ local function complete(round, now)
   local nodes = {}
   for _, m in ipairs(members) do
     redis.call('HSET', K_RANKS, m, assigned[m])
-    local d = cjson.decode(redis.call('HGET', K_NODES, m))
+    local d = descs[m]
     d['group_rank'] = assigned[m]
     nodes[assigned[m] + 1] = d
   end
+  local base, total = 0, 0
+  for i = 1, n do
+    local p = tonumber(nodes[i]['nproc']) or 0
+    redis.call('HSET', K_ASSIGN, nodes[i]['node'], round .. ' ' .. (i - 1) .. ' ' .. base)
+    base = base + p
+  end
+  total = base
   redis.call('SET', K_ROUND, cjson.encode({round = round, world_size = n, nodes = nodes,
                                           completed_ms = now}))
-  redis.call('HSET', K_STATE, 'status', 'complete', 'deadline', 0)
+  local head = cjson.encode({round = round, world_size = n, total_workers = total,
+    master_addr = nodes[1]['addr'], master_port = nodes[1]['port'], completed_ms = now})
+  redis.call('HSET', K_STATE, 'status', 'complete', 'deadline', 0, 'head', head, 'prev_n', n)
   redis.call('DEL', K_WAITING)
+  -- Heartbeats of nodes that are not in this round and stopped beating: gone for good.
+  redis.call('ZREMRANGEBYSCORE', K_HB, '-inf', '(' .. (now - 3600000))
 end
 
 -- Complete the open round if its conditions hold now. Returns true if it completed.
@@ -292,29 +354,41 @@ local function next_wake(now, hbt)
   end
   return wake
 end
+
+-- What a waiter of the open round shows: counts, and names only while they are few.
+local function open_payload()
+  local n = redis.call('ZCARD', K_MEMBERS)
+  local s = redis.call('HMGET', K_STATE, 'deadline', 'back', 'prev_n')
+  local members = {}
+  if n <= NAMES then members = redis.call('ZRANGE', K_MEMBERS, 0, -1) end
+  return cjson.encode({n = n, members = members, deadline = tonumber(s[1]) or 0,
+                       back = tonumber(s[2]) or 0, prev = tonumber(s[3]) or 0})
+end
 """
 
 # ARGV: node, description json, min, max, last_call_ms, hbt_ms, want_round
-# Returns {status, round, now, wake, notify_id, payload, joins_id}
+# Returns {status, round, now, wake, notify_id, payload, assignment}: payload is the round's
+# head when complete ("round group_rank base_rank" its assignment), open_payload() when open.
 _JOIN = _PRELUDE + """
 local node, desc = ARGV[1], ARGV[2]
 local min, max = tonumber(ARGV[3]), tonumber(ARGV[4])
 local last_call, hbt, want = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local now = now_ms()
 local round, status, closed = state(want)
-if closed then return {'closed', round, now, 0, last_notify_id(), '', '0-0'} end
+if closed then return {'closed', round, now, 0, last_notify_id(), '', ''} end
 redis.call('ZADD', K_HB, now, node)
 redis.call('HSET', K_NODES, node, desc)
 
 if status == 'complete' then
   local mine = redis.call('HGET', K_RANKS, node)
   if mine and want <= round then
-    return {'complete', round, now, 0, last_notify_id(), redis.call('GET', K_ROUND), '0-0'}
+    return {'complete', round, now, 0, last_notify_id(), redis.call('HGET', K_STATE, 'head'),
+            redis.call('HGET', K_ASSIGN, node)}
   end
   if mine then
     -- A member of the completed round asks for a new one: open it.
     round = round + 1
-    redis.call('HSET', K_STATE, 'round', round, 'status', 'open', 'deadline', 0)
+    redis.call('HSET', K_STATE, 'round', round, 'status', 'open', 'deadline', 0, 'back', 0)
     redis.call('DEL', K_MEMBERS, K_WAITING)
     notify('open')
   else
@@ -322,49 +396,69 @@ if status == 'complete' then
       redis.call('ZADD', K_WAITING, redis.call('HINCRBY', K_STATE, 'wseq', 1), node)
       note_join('waiting', node)
     end
-    return {'waiting', round, now, next_wake(now, hbt), last_notify_id(), '', last_id(K_JOINS)}
+    return {'waiting', round, now, next_wake(now, hbt), last_notify_id(), '', ''}
   end
 end
 
 purge_open(now, hbt)
 if redis.call('ZSCORE', K_MEMBERS, node) == false then
   redis.call('ZADD', K_MEMBERS, redis.call('HINCRBY', K_STATE, 'seq', 1), node)
+  if redis.call('HEXISTS', K_RANKS, node) == 1 then redis.call('HINCRBY', K_STATE, 'back', 1) end
   note_join('joined', node)
 end
 if maybe_complete(round, now, min, max, last_call, hbt) then
   local id = notify('complete')
-  return {'complete', round, now, 0, id, redis.call('GET', K_ROUND), '0-0'}
+  return {'complete', round, now, 0, id, redis.call('HGET', K_STATE, 'head'),
+          redis.call('HGET', K_ASSIGN, node)}
 end
-local members = redis.call('ZRANGE', K_MEMBERS, 0, -1)
-local deadline = tonumber(redis.call('HGET', K_STATE, 'deadline'))
-return {'open', round, now, next_wake(now, hbt), last_notify_id(),
-        cjson.encode({members = members, deadline = deadline}), last_id(K_JOINS)}
+return {'open', round, now, next_wake(now, hbt), last_notify_id(), open_payload(), ''}
 """
 
-# ARGV: node, its description, the round it runs in (JSON as completed, '' before any).
+# ARGV: node, its description, the head of the round it runs (JSON as completed, '' before
+# any), its assignment there, and the whole round (JSON, group rank 0 only, else '').
 # Returns {now, restored}. A node that finds the rendezvous gone while it runs a round puts
-# that round back as it was (every member keeps the same copy, so the first to beat wins and
-# the rest find it there), with a fresh heartbeat for every member: they are running, and
-# would otherwise all look lost at once.
+# its own part back (every member holds the same head, so the first to beat restores the
+# state and the rest add themselves): O(1) per node. Group rank 0 also puts back the
+# readers' record and gives every member a fresh heartbeat, so that a member that never
+# beats again is seen lost; the rest would otherwise all look lost at once.
 _HEARTBEAT = _PRELUDE + """
-local node, desc, round_json = ARGV[1], ARGV[2], ARGV[3]
+local node, desc, head, assign, full = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now = now_ms()
 local restored = 0
-if round_json ~= '' and redis.call('EXISTS', K_STATE) == 0 then
-  local r = cjson.decode(round_json)
-  redis.call('DEL', K_RANKS, K_MEMBERS, K_WAITING, K_LEFT, K_LOST)
-  for _, n in ipairs(r['nodes']) do
-    redis.call('HSET', K_RANKS, n['node'], n['group_rank'])
-    redis.call('ZADD', K_MEMBERS, n['group_rank'], n['node'])
-    redis.call('ZADD', K_HB, now, n['node'])
-    local d = {}
-    for k, v in pairs(n) do if k ~= 'group_rank' then d[k] = v end end
-    redis.call('HSETNX', K_NODES, n['node'], cjson.encode(d))
+if head ~= '' then
+  local h = cjson.decode(head)
+  local cur = redis.call('HGET', K_STATE, 'round')
+  if not cur then
+    redis.call('DEL', K_RANKS, K_MEMBERS, K_WAITING, K_LEFT, K_LOST)
+    redis.call('HSET', K_STATE, 'round', h['round'], 'status', 'complete', 'closed', 0,
+               'deadline', 0, 'seq', h['world_size'], 'back', 0, 'prev_n', h['world_size'],
+               'head', head)
+    restored = 1
+    cur = h['round']
   end
-  redis.call('SET', K_ROUND, round_json)
-  redis.call('HSET', K_STATE, 'round', r['round'], 'status', 'complete', 'closed', 0,
-             'deadline', 0, 'seq', #r['nodes'])
-  restored = 1
+  if tonumber(cur) == h['round'] and redis.call('HGET', K_STATE, 'status') == 'complete' then
+    local rank = tonumber(string.match(assign, '^%d+ (%d+) '))
+    if rank and redis.call('HEXISTS', K_RANKS, node) == 0 then
+      redis.call('HSET', K_RANKS, node, rank)
+      redis.call('ZADD', K_MEMBERS, rank, node)
+      redis.call('HSET', K_ASSIGN, node, assign)
+      restored = 1
+    end
+    if full ~= '' and redis.call('EXISTS', K_ROUND) == 0 then
+      local r = cjson.decode(full)
+      for _, n in ipairs(r['nodes']) do
+        if redis.call('HSETNX', K_RANKS, n['node'], n['group_rank']) == 1 then
+          redis.call('ZADD', K_MEMBERS, n['group_rank'], n['node'])
+          redis.call('ZADD', K_HB, now, n['node'])
+        end
+        local d = {}
+        for k, v in pairs(n) do if k ~= 'group_rank' then d[k] = v end end
+        redis.call('HSETNX', K_NODES, n['node'], cjson.encode(d))
+      end
+      redis.call('SET', K_ROUND, full)
+      restored = 1
+    end
+  end
 end
 if desc ~= '' then redis.call('HSETNX', K_NODES, node, desc) end
 redis.call('ZADD', K_HB, now, node)
@@ -378,7 +472,7 @@ local round, status = state()
 redis.call('ZREM', K_HB, node)
 redis.call('ZREM', K_WAITING, node)
 if status == 'open' then
-  redis.call('ZREM', K_MEMBERS, node)
+  drop_member(node)
   if redis.call('ZCARD', K_MEMBERS) < tonumber(ARGV[2]) then set_deadline(0) end
 elseif redis.call('HEXISTS', K_RANKS, node) == 1 then
   redis.call('SADD', K_LEFT, node)
@@ -395,39 +489,122 @@ notify('closed')
 return 1
 """
 
-# ARGV: hbt_ms, mark. With mark, records lost members and returns those newly recorded,
-# so one caller across the job reports each.
+# The job's rendezvous as one node's loop needs it, in O(log N + the few nodes named).
+# ARGV: node, hbt_ms, mark. Lost members are found among the stalest heartbeats (at most
+# NAMES a call); a stale heartbeat of a node that is not a member (a waiter or an old member
+# that died) is dropped on the way, so the dead are met once. With mark, records lost members
+# and returns those newly recorded, so one caller across the job reports each.
+_SUMMARY = _PRELUDE + """
+local node, hbt, mark = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
+local now = now_ms()
+if redis.call('EXISTS', K_STATE) == 0 then
+  return cjson.encode({round = 0, status = 'gone', closed = false, n = 0, member = false,
+    live = 0, lost = {}, newly_lost = {}, left = {}, n_left = 0, waiting = {}, n_waiting = 0,
+    now = now})
+end
+local round, status, closed = state()
+local lost, newly = {}, {}
+local n, member
+if status == 'complete' then
+  n = redis.call('HLEN', K_RANKS)
+  member = redis.call('HEXISTS', K_RANKS, node) == 1
+  local stale = redis.call('ZRANGEBYSCORE', K_HB, '-inf', '(' .. (now - hbt), 'LIMIT', 0, NAMES)
+  for _, m in ipairs(stale) do
+    if redis.call('HEXISTS', K_RANKS, m) == 1 then
+      if redis.call('SISMEMBER', K_LEFT, m) == 0 then
+        table.insert(lost, m)
+        if mark and redis.call('SADD', K_LOST, m) == 1 then table.insert(newly, m) end
+      end
+    elseif mark then
+      redis.call('ZREM', K_HB, m)
+      redis.call('ZREM', K_WAITING, m)
+    end
+  end
+else
+  n = redis.call('ZCARD', K_MEMBERS)
+  member = redis.call('ZSCORE', K_MEMBERS, node) ~= false
+end
+return cjson.encode({round = round, status = status, closed = closed, n = n, member = member,
+  live = redis.call('ZCOUNT', K_HB, now - hbt, '+inf'), lost = lost, newly_lost = newly,
+  left = redis.call('SRANDMEMBER', K_LEFT, NAMES), n_left = redis.call('SCARD', K_LEFT),
+  waiting = redis.call('ZRANGE', K_WAITING, 0, NAMES - 1),
+  n_waiting = redis.call('ZCARD', K_WAITING), now = now})
+"""
+
+# ARGV: hbt_ms. The whole membership, every list in full: O(N), for tools and tests (a
+# node's loop reads _SUMMARY).
 _MEMBERSHIP = _PRELUDE + """
-local hbt, mark = tonumber(ARGV[1]), ARGV[2] == '1'
+local hbt = tonumber(ARGV[1])
 
 local now = now_ms()
 if redis.call('EXISTS', K_STATE) == 0 then
   -- Lost with its Redis: say so, and leave it to a member's heartbeat to put the round back
   -- (creating a fresh round 0 here would stop it from ever being restored).
   return cjson.encode({round = 0, status = 'gone', closed = false, members = {}, live = {},
-    lost = {}, newly_lost = {}, left = {}, waiting = {}, now = now})
+    lost = {}, left = {}, waiting = {}, now = now})
 end
 local round, status, closed = state()
-local members, lost, newly = {}, {}, {}
+local members, lost = {}, {}
 if status == 'complete' then
   local ranks = redis.call('HGETALL', K_RANKS)
   for i = 1, #ranks, 2 do members[tonumber(ranks[i + 1]) + 1] = ranks[i] end
   for _, m in ipairs(members) do
     local s = redis.call('ZSCORE', K_HB, m)
     local is_left = redis.call('SISMEMBER', K_LEFT, m) == 1
-    if (not s or tonumber(s) < now - hbt) and not is_left then
-      table.insert(lost, m)
-      if mark and redis.call('SADD', K_LOST, m) == 1 then table.insert(newly, m) end
-    end
+    if (not s or tonumber(s) < now - hbt) and not is_left then table.insert(lost, m) end
   end
 else
   members = redis.call('ZRANGE', K_MEMBERS, 0, -1)
 end
 local live = redis.call('ZRANGEBYSCORE', K_HB, now - hbt, '+inf')
 return cjson.encode({round = round, status = status, closed = closed, members = members,
-  live = live, lost = lost, newly_lost = newly, left = redis.call('SMEMBERS', K_LEFT),
+  live = live, lost = lost, left = redis.call('SMEMBERS', K_LEFT),
   waiting = redis.call('ZRANGE', K_WAITING, 0, -1), now = now})
 """
+
+# ARGV: round, nodes... Returns those of the nodes that are members of ``round`` (their
+# assignment names it): O(nodes asked), for checking who may speak for a round.
+_MEMBERS_OF = _PRELUDE + """
+local out = {}
+local values = redis.call('HMGET', K_ASSIGN, unpack(ARGV, 2))
+for i, v in ipairs(values) do
+  if v and string.match(v, '^(%d+) ') == ARGV[1] then table.insert(out, ARGV[i + 1]) end
+end
+return out
+"""
+
+
+_SCRIPTS = {"join": _JOIN, "heartbeat": _HEARTBEAT, "leave": _LEAVE, "close": _CLOSE,
+            "membership": _MEMBERSHIP, "summary": _SUMMARY, "members_of": _MEMBERS_OF}
+
+T = TypeVar("T")
+
+
+def _advance(steps: Generator[Any, Any, Any], reply: Any,
+             error: BaseException | None) -> tuple[bool, Any]:
+    """Give ``steps`` the last call's reply (or error): (False, the next call) or (True, the
+    steps' result)."""
+    try:
+        return False, (steps.throw(error) if error is not None else steps.send(reply))
+    except StopIteration as stop:
+        return True, stop.value
+
+
+def _one(call: tuple[Any, ...]) -> Generator[Any, Any, Any]:
+    """Steps of one call."""
+    return (yield call)
+
+
+def _script(name: str, args: list[Any]) -> Generator[Any, Any, Any]:
+    """A step: run the rendezvous script ``name`` over the job's keys."""
+    reply = yield from _one(("script", name, args))
+    OOM.accepted()  # a write went through: a memory refusal, if any, is over
+    return reply
+
+
+def _command(method: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+    """A step: one plain command, by its redis-py method name."""
+    return ("command", method, args, kwargs)
 
 
 def _decode_list(value: Any) -> list[str]:
@@ -470,15 +647,13 @@ class RedisRendezvous:
         self._client = client or make_client(self.endpoint)
         self._reader = reader or make_client(self.endpoint, blocking_ms=_BLOCK_CHUNK_MS)
         self._owns_clients = client is None
-        c = self._client
-        self._join = c.register_script(_JOIN)
-        self._heartbeat = c.register_script(_HEARTBEAT)
-        self._leave = c.register_script(_LEAVE)
-        self._close = c.register_script(_CLOSE)
-        self._membership = c.register_script(_MEMBERSHIP)
+        self._scripts = {name: self._client.register_script(source)
+                         for name, source in _SCRIPTS.items()}
         self._last_round: int | None = None  # the last round this node completed
-        # That round as Redis completed it, and this node's description: what a heartbeat puts
-        # back if Redis comes back empty.
+        # What a heartbeat puts back if Redis comes back empty: the round's head, this node's
+        # assignment and description, and (group rank 0 only) the whole round.
+        self._head: bytes = b""
+        self._assign: bytes = b""
         self._round_json: bytes = b""
         self._desc = ""
         #: How many times this node put the rendezvous back after finding it gone.
@@ -499,7 +674,7 @@ class RedisRendezvous:
         k = self.keys
         return [k.rdzv_state, k.rdzv_members, k.rdzv_waiting, k.rdzv_ranks, k.rdzv_round_info,
                 k.rdzv_nodes, k.rdzv_heartbeats, k.rdzv_left, k.rdzv_notify, k.rdzv_lost,
-                k.rdzv_joins]
+                k.rdzv_joins, k.rdzv_assign]
 
     @contextlib.contextmanager
     def _redis_errors(self) -> Iterator[None]:
@@ -517,11 +692,38 @@ class RedisRendezvous:
             raise RendezvousOutOfMemoryError(
                 str(explain_error(exc, self.endpoint.display))) from None
 
-    def _call(self, script: Any, args: list[Any]) -> Any:
-        with self._redis_errors():
-            reply = script(keys=self._keys, args=args)
-        OOM.accepted()
-        return reply
+    # -- I/O: the steps below yield what they need; a driver does it ---------------------
+    def _drive(self, steps: Generator[Any, Any, T]) -> T:
+        """Run ``steps`` with this handle's (synchronous) clients."""
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            done, call = _advance(steps, reply, error)
+            if done:
+                return call
+            reply, error = None, None
+            try:
+                with self._redis_errors():
+                    reply = self._dispatch(call)
+            except (RendezvousConnectionError, redis.RedisError) as exc:
+                error = exc  # the steps may handle it (or it comes back out of throw)
+
+    def _dispatch(self, call: tuple[Any, ...]) -> Any:
+        """Do ``call`` on this handle's clients (a coroutine when they are asyncio's)."""
+        kind = call[0]
+        if kind == "script":
+            return self._scripts[call[1]](keys=self._keys, args=call[2])
+        if kind == "read":
+            return self._reader.xread(call[1], count=1, block=call[2])
+        if kind == "pipeline":
+            pipe = self._client.pipeline(transaction=False)
+            for _, method, args, kwargs in call[1]:
+                getattr(pipe, method)(*args, **kwargs)
+            return pipe.execute()
+        return getattr(self._client, call[1])(*call[2], **call[3])
+
+    def _call(self, name: str, args: list[Any]) -> Any:
+        return self._drive(_script(name, args))
 
     # -- the handler contract -----------------------------------------------------------
     def get_backend(self) -> str:
@@ -529,6 +731,17 @@ class RedisRendezvous:
 
     def get_run_id(self) -> str:
         return self.job_id
+
+    @property
+    def last_round_info(self) -> RoundInfo | None:
+        """The whole last round, on group rank 0 only (the node that announces it); None
+        elsewhere. No I/O: it was read once when the round completed."""
+        if not self._round_json:
+            return None
+        try:
+            return RoundInfo.decode(self._round_json)
+        except protocol.ProtocolError:
+            return None
 
     @property
     def round(self) -> int | None:
@@ -543,9 +756,13 @@ class RedisRendezvous:
         ``progress`` is called whenever the wait changes (members join, the last call
         starts), from this thread.
         """
+        return self._drive(self._rendezvous_steps(progress))
+
+    def _rendezvous_steps(self, progress: Callable[[RendezvousProgress], None] | None
+                          ) -> Generator[Any, Any, RendezvousResult]:
         s = self.settings
         if self._last_round is None:
-            self._register_job()
+            yield from self._register_job()
         self._start_heartbeats()
         want = 0 if self._last_round is None else self._last_round + 1
         desc = NodeDescription(self.node_id, self.host, self.local_addr,
@@ -553,13 +770,12 @@ class RedisRendezvous:
                                os.getpid(), self.nproc, self.node_rank).encode()
         join_deadline = time.monotonic() + s.join_timeout
         last_seen: tuple[Any, ...] = ()
-        previous = self._previous_members()
         while True:
             if self._stop.is_set():  # shutdown() from another thread: do not join again
                 raise RendezvousClosedError(f"node {self.node_id} left the rendezvous")
             sent = time.monotonic()
-            status, rnd, now, wake, notify_id, payload, joins_id = self._call(
-                self._join,
+            status, rnd, now, wake, notify_id, payload, assign = yield from _script(
+                "join",
                 [self.node_id, desc, s.min_nodes, s.max_nodes, int(s.last_call_timeout * 1000),
                  int(s.heartbeat_timeout * 1000), want],
             )
@@ -571,53 +787,76 @@ class RedisRendezvous:
                     "new --job-id to run it again"
                 )
             if status == "complete":
-                info = _decode_round(payload)
-                rank = info.rank_of(self.node_id)
-                if rank is not None:
-                    self._last_round = info.round
-                    self._round_json, self._desc = payload, desc
-                    self._drop_round_store(info.round - 1)
-                    addr, port = info.master()
-                    return RendezvousResult(info.round, rank, info.world_size, addr, port, info)
-                continue  # completed without us (we were purged): join the next one
+                if not assign:
+                    continue  # completed without us (we were purged): join the next one
+                result = _decode_result(payload, assign)
+                self._last_round = result.round
+                self._head, self._assign, self._desc = payload, assign, desc
+                # Group rank 0 alone keeps the whole round (it announces it, and puts it back
+                # for readers if Redis comes back empty): one read of O(N) bytes per round.
+                self._round_json = b""
+                if result.group_rank == 0:
+                    self._round_json = (yield _command("get", self.keys.rdzv_round_info)) or b""
+                yield from self._drop_round_store(result.round - 1)
+                return result
             left = join_deadline - time.monotonic()
             members: list[str] = []
+            count = missing = 0
             deadline_ms = 0
             if status == "open":
                 d = json.loads(payload)
                 members, deadline_ms = _decode_list(d["members"]), int(d["deadline"])
-            if progress is not None and (status, members, deadline_ms) != last_seen:
-                last_seen = (status, members, deadline_ms)
+                count = int(d["n"])
+                if self._last_round is not None:
+                    missing = max(0, int(d["prev"]) - int(d["back"]))
+            if progress is not None and (status, count, deadline_ms, missing) != last_seen:
+                last_seen = (status, count, deadline_ms, missing)
                 progress(RendezvousProgress(
                     round=int(rnd), status=status, joined=members, min_nodes=s.min_nodes,
                     max_nodes=s.max_nodes,
                     last_call_left=(deadline_ms - int(now)) / 1000 if deadline_ms else None,
-                    join_left=max(0.0, left),
-                    missing=[m for m in previous if m not in members]))
+                    join_left=max(0.0, left), joined_count=count, missing_count=missing))
             if left <= 0:
-                raise RendezvousTimeoutError(self._timeout_message(status, members))
+                raise RendezvousTimeoutError(self._timeout_message(status, count, members))
             block_ms = max(1, min(int(wake) - int(now), int(left * 1000) + 1, _BLOCK_CHUNK_MS))
-            streams = {self.keys.rdzv_notify: notify_id}
             if progress is not None:
-                streams[self.keys.rdzv_joins] = joins_id
-            self._wait_notify(streams, block_ms)
+                # Progress is refreshed by a join every few seconds, never by following every
+                # other node's join: that would wake N waiters N times.
+                block_ms = min(block_ms, _PROGRESS_MS)
+            # Any entry means "look again": the join script re-reads the state and returns
+            # fresh ids, so nothing read here needs to be kept.
+            yield ("read", {self.keys.rdzv_notify: notify_id}, block_ms)
 
-    def _register_job(self) -> None:
+    def round_info(self) -> RoundInfo | None:
+        """The last completed round, every node of it: O(N) bytes, for readers and the node
+        that announces the round, not for every node."""
+        raw = self._drive(_one(_command("get", self.keys.rdzv_round_info)))
+        return _decode_round(raw) if raw else None
+
+    def members_of(self, round_: int, nodes: Collection[str]) -> set[str]:
+        """Those of ``nodes`` that are members of round ``round_``: O(len(nodes)). For
+        checking who may speak for a round (a failure, a stop) without reading the round."""
+        nodes = list(dict.fromkeys(nodes))
+        if not nodes:
+            return set()
+        reply = self._call("members_of", [round_, *nodes])
+        return {x.decode() if isinstance(x, bytes) else str(x) for x in reply}
+
+    def _register_job(self) -> Generator[Any, Any, None]:
         """List the job in the job index so consoles can find it (first registration wins)."""
-        with self._redis_errors():
-            secs, micros = self._client.time()
-            now_ms = secs * 1000 + micros // 1000
-            self._client.hsetnx(self.keys.meta, "created_ms", now_ms)
-            self._client.hset(self.keys.meta, mapping={
+        secs, micros = yield _command("time")
+        now_ms = secs * 1000 + micros // 1000
+        # One round trip, in this order: listed after its meta exists (an index entry
+        # without one is a job that expired or was removed, which readers drop; retention.py).
+        yield ("pipeline", [
+            _command("hsetnx", self.keys.meta, "created_ms", now_ms),
+            _command("hset", self.keys.meta, mapping={
                 "min_nodes": self.settings.min_nodes, "max_nodes": self.settings.max_nodes,
                 # Readers call a job lost when no heartbeat is newer than this.
-                "heartbeat_timeout_ms": int(self.settings.heartbeat_timeout * 1000),
-            })
-            # Listed after its meta exists: an index entry without one is a job that expired
-            # or was removed, which readers drop from the index (see retention.py).
-            self._client.zadd(protocol.JOBS_INDEX, {self.job_id: now_ms}, nx=True)
+                "heartbeat_timeout_ms": int(self.settings.heartbeat_timeout * 1000)}),
+            _command("zadd", protocol.JOBS_INDEX, {self.job_id: now_ms}, nx=True)])
 
-    def _drop_round_store(self, rnd: int) -> None:
+    def _drop_round_store(self, rnd: int) -> Generator[Any, Any, None]:
         """Delete round ``rnd``'s store namespace (``r<round>``: the agents' exit barrier,
         torch's own store): only that round's members used it, and they have moved on to a
         newer round or are gone. Without this a job keeps one namespace per round it ran."""
@@ -625,51 +864,45 @@ class RedisRendezvous:
             return
         ns = f"r{rnd}"
         try:
-            self._client.unlink(self.keys.store(ns), self.keys.store_notify(ns))
-        except (redis.RedisError, OSError) as exc:  # left to the job's retention then
+            yield _command("unlink", self.keys.store(ns), self.keys.store_notify(ns))
+        except (RendezvousConnectionError, redis.RedisError) as exc:  # left to retention then
             log.debug("cannot delete the store of round %d: %s", rnd, exc)
 
-    def _wait_notify(self, streams: dict[str, bytes], block_ms: int) -> None:
-        # Any entry means "look again": the join script re-reads the state and returns
-        # fresh ids, so nothing read here needs to be kept.
-        try:
-            self._reader.xread(streams, count=1, block=block_ms)
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            raise RendezvousConnectionError(str(explain_error(exc, self.endpoint.display))) from None
-
-    def _timeout_message(self, status: str, members: list[str]) -> str:
+    def _timeout_message(self, status: str, count: int, members: list[str]) -> str:
         s = self.settings
         if status == "waiting":
             return (f"rendezvous of job {self.job_id!r} timed out after {s.join_timeout:g} s "
                     "waiting for the running round to end (the job is full or not re-forming)")
         return (f"rendezvous of job {self.job_id!r} timed out after {s.join_timeout:g} s: "
-                f"{len(members)} of at least {s.min_nodes} nodes joined"
+                f"{count} of at least {s.min_nodes} nodes joined"
                 + (f" ({', '.join(members)})" if members else "")
                 + "; start the missing agents or lower --nnodes")
 
-    def _previous_members(self) -> list[str]:
-        if self._last_round is None:
-            return []
-        try:
-            raw = self._client.get(self.keys.rdzv_round_info)
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            raise RendezvousConnectionError(str(explain_error(exc, self.endpoint.display))) from None
-        return [n["node"] for n in _decode_round(raw).nodes] if raw else []
-
     def membership(self) -> Membership:
-        """The job's rendezvous now, read atomically."""
-        return self._read_membership(mark_lost=False)[0]
+        """The job's rendezvous now, read atomically, every list in full: O(N), for tools
+        and tests. A node's loop reads :meth:`lost_since_last_check`."""
+        raw = self._call("membership", [int(self.settings.heartbeat_timeout * 1000)])
+        d = json.loads(raw)
+        return Membership(
+            round=int(d["round"]), status=str(d["status"]), closed=bool(d["closed"]),
+            members=_decode_list(d["members"]), live=_decode_list(d["live"]),
+            lost=_decode_list(d["lost"]), left=_decode_list(d["left"]),
+            waiting=_decode_list(d["waiting"]), now_ms=int(d["now"]))
 
     def lost_since_last_check(self) -> tuple[Membership, list[str]]:
-        """``membership()`` plus the lost members that this call was first to see.
+        """A summary of the membership (counts; at most ``NAMES`` nodes per list) plus the
+        lost members that this call was first to see: O(log N) in the job's size.
 
         Exactly one caller across the job gets each lost node, so it alone reports it.
         A node that cannot judge now (see ``_may_judge``) calls nobody lost: ``lost`` is empty.
         """
+        return self._drive(self._lost_steps())
+
+    def _lost_steps(self) -> Generator[Any, Any, tuple[Membership, list[str]]]:
         if not self._may_judge():
-            m, _ = self._read_membership(mark_lost=False)
+            m, _ = yield from self._summary_steps(mark_lost=False)
             return replace(m, lost=[]), []
-        return self._read_membership(mark_lost=True)
+        return (yield from self._summary_steps(mark_lost=True))
 
     def _may_judge(self) -> bool:
         """Whether this node may call others lost now: not while its own heartbeats are not
@@ -682,16 +915,17 @@ class RedisRendezvous:
         done = self._renewal_done
         return done is not None and now - done <= gap and now >= self._judge_after
 
-    def _read_membership(self, mark_lost: bool) -> tuple[Membership, list[str]]:
+    def _summary_steps(self, mark_lost: bool) -> Generator[Any, Any, tuple[Membership, list[str]]]:
         s = self.settings
-        raw = self._call(self._membership, [int(s.heartbeat_timeout * 1000), int(mark_lost)])
+        raw = yield from _script("summary", [self.node_id, int(s.heartbeat_timeout * 1000),
+                                             int(mark_lost)])
         d = json.loads(raw)
         m = Membership(
             round=int(d["round"]), status=str(d["status"]), closed=bool(d["closed"]),
-            members=_decode_list(d["members"]), live=_decode_list(d["live"]),
-            lost=_decode_list(d["lost"]), left=_decode_list(d["left"]),
-            waiting=_decode_list(d["waiting"]), now_ms=int(d["now"]),
-        )
+            members=[], live=[], lost=_decode_list(d["lost"]), left=_decode_list(d["left"]),
+            waiting=_decode_list(d["waiting"]), now_ms=int(d["now"]), member_count=int(d["n"]),
+            left_count=int(d["n_left"]), waiting_count=int(d["n_waiting"]),
+            live_count=int(d["live"]), is_member=bool(d["member"]))
         return m, _decode_list(d["newly_lost"])
 
     def num_nodes_waiting(self) -> int:
@@ -700,26 +934,26 @@ class RedisRendezvous:
         Counts late arrivals the completed round has room for, members lost or gone, and,
         when a newer round has opened without this node, everyone in it.
         """
-        return self.waiting_count(self.membership())
+        return self.waiting_count(self._drive(self._summary_steps(mark_lost=False))[0])
 
     def waiting_count(self, m: Membership, include_lost: bool = True) -> int:
         """``num_nodes_waiting`` for a membership already read. ``include_lost=False`` ignores
         stale heartbeats (right after a Redis outage every heartbeat looks stale)."""
         mine = self._last_round
         if mine is not None and m.round > mine:
-            return max(1, len(m.members))
+            return max(1, m.member_count)
         if m.status != "complete":
-            return len(m.members) if mine is not None else 0
+            return m.member_count if mine is not None else 0
         lost = len(m.lost) if include_lost else 0
-        room = max(0, self.settings.max_nodes - len(m.members) + lost + len(m.left))
-        return min(len(m.waiting), room) + lost + len(m.left)
+        room = max(0, self.settings.max_nodes - m.member_count + lost + m.left_count)
+        return min(m.waiting_count, room) + lost + m.left_count
 
     def is_closed(self) -> bool:
         return self._client.hget(self.keys.rdzv_state, "closed") == b"1"
 
     def set_closed(self) -> None:
         """Close the job's rendezvous for every node: no new round will start."""
-        self._call(self._close, [])
+        self._call("close", [])
 
     def shutdown(self) -> bool:
         """Leave the rendezvous (the others may re-form without us); stop heartbeats."""
@@ -727,7 +961,7 @@ class RedisRendezvous:
         if self._hb_thread is not None:
             self._hb_thread.join(timeout=5)
         try:
-            self._call(self._leave, [self.node_id, self.settings.min_nodes])
+            self._call("leave", [self.node_id, self.settings.min_nodes])
         except RendezvousConnectionError as exc:
             log.warning("could not leave the rendezvous cleanly: %s", exc)
             return False
@@ -746,8 +980,12 @@ class RedisRendezvous:
     def heartbeat(self) -> None:
         """Beat; if Redis lost the rendezvous while this node runs a round, put it back and
         list the job again (everything a reader needs of the rendezvous)."""
+        self._drive(self._heartbeat_steps())
+
+    def _heartbeat_steps(self) -> Generator[Any, Any, None]:
         sent = time.monotonic()
-        _, restored = self._call(self._heartbeat, [self.node_id, self._desc, self._round_json])
+        _, restored = yield from _script("heartbeat", [self.node_id, self._desc, self._head,
+                                                       self._assign, self._round_json])
         done = time.monotonic()
         if self._renewal_done is not None and done - self._renewal_done > (
                 self.settings.heartbeat_timeout / 2):
@@ -758,7 +996,7 @@ class RedisRendezvous:
             self.restorations += 1
             log.warning("Redis lost the rendezvous of job %s; round %s put back", self.job_id,
                         self._last_round)
-            self._register_job()
+            yield from self._register_job()
 
     def _start_heartbeats(self) -> None:
         with self._lock:
@@ -778,14 +1016,108 @@ class RedisRendezvous:
             except RendezvousOutOfMemoryError:
                 last_error = ""  # pressure.OOM reports the episode, for every writer at once
             except Exception as exc:  # this thread must outlive any refusal
-                # Keep trying, whatever Redis answers: an outage, or a refusal such as OOM
-                # (maxmemory with noeviction) that ends by itself, must not stop the beats and
-                # make the node look lost (and freeze its workers) once it is over.
-                message = str(exc) if isinstance(exc, RendezvousConnectionError) else (
-                    str(explain_error(exc, self.endpoint.display)))
-                if message != last_error:  # once per kind of failure, not every interval
-                    log.warning("heartbeat failed: %s", message)
-                    last_error = message
+                last_error = self._heartbeat_failed(exc, last_error)
+
+    def _heartbeat_failed(self, exc: BaseException, last_error: str) -> str:
+        """Keep trying, whatever Redis answers: an outage, or a refusal such as OOM
+        (maxmemory with noeviction) that ends by itself, must not stop the beats and make
+        the node look lost (and freeze its workers) once it is over. Says so once per kind
+        of failure, not every interval; returns the failure's wording."""
+        message = str(exc) if isinstance(exc, RendezvousConnectionError) else (
+            str(explain_error(exc, self.endpoint.display)))
+        if message != last_error:
+            log.warning("heartbeat failed: %s", message)
+        return message
+
+
+class AsyncRedisRendezvous(RedisRendezvous):
+    """The same rendezvous on an asyncio loop: the same steps and scripts, driven with
+    asyncio clients (``client``; ``reader`` blocking longer than ``_BLOCK_CHUNK_MS``), and
+    heartbeats as a task instead of a thread. The calls a node makes are coroutines here.
+
+    For many nodes in one process (``bench/fleet.py`` packs 2,048 into each), where a thread
+    per node and a hop between threads per call would be the bench measuring itself. An agent
+    keeps :class:`RedisRendezvous`: its heartbeats must not wait for a busy event loop.
+    """
+
+    def __init__(self, endpoint: Endpoint | str | None, job_id: str,
+                 settings: RendezvousSettings | None = None, *, client: Any, reader: Any,
+                 **kwargs: Any) -> None:
+        super().__init__(endpoint, job_id, settings, client=client, reader=reader, **kwargs)
+        self._hb_task: asyncio.Task[None] | None = None
+
+    async def _adrive(self, steps: Generator[Any, Any, T]) -> T:
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            done, call = _advance(steps, reply, error)
+            if done:
+                return call
+            reply, error = None, None
+            try:
+                with self._redis_errors():
+                    reply = await self._dispatch(call)
+            except (RendezvousConnectionError, redis.RedisError) as exc:
+                error = exc
+
+    async def next_rendezvous(  # type: ignore[override]
+            self, progress: Callable[[RendezvousProgress], None] | None = None
+    ) -> RendezvousResult:
+        return await self._adrive(self._rendezvous_steps(progress))
+
+    async def heartbeat(self) -> None:  # type: ignore[override]
+        await self._adrive(self._heartbeat_steps())
+
+    async def lost_since_last_check(self) -> tuple[Membership, list[str]]:  # type: ignore[override]
+        return await self._adrive(self._lost_steps())
+
+    async def shutdown(self) -> bool:  # type: ignore[override]
+        """Leave the rendezvous and stop the heartbeats (the clients are the caller's)."""
+        self.stop_heartbeats()
+        try:
+            await self._adrive(_script("leave", [self.node_id, self.settings.min_nodes]))
+        except RendezvousConnectionError as exc:
+            log.warning("could not leave the rendezvous cleanly: %s", exc)
+            return False
+        return True
+
+    def stop_heartbeats(self) -> None:
+        """No more heartbeats, nothing said: to Redis this node is gone (a host that died)."""
+        self._stop.set()
+        if self._hb_task is not None:
+            self._hb_task.cancel()
+
+    def _start_heartbeats(self) -> None:
+        if self._hb_task is None:
+            self._hb_task = asyncio.get_running_loop().create_task(
+                self._heartbeat_task(), name=f"rdzv-heartbeat-{self.node_id}")
+
+    async def _heartbeat_task(self) -> None:
+        last_error = ""
+        while not self._stop.is_set():
+            await asyncio.sleep(self.settings.keep_alive_interval)  # a beat is due
+            try:
+                await self.heartbeat()
+                last_error = ""
+            except RendezvousOutOfMemoryError:
+                last_error = ""  # pressure.OOM reports the episode
+            except Exception as exc:  # the beats must outlive any refusal
+                last_error = self._heartbeat_failed(exc, last_error)
+
+
+def _decode_result(head: Any, assign: Any) -> RendezvousResult:
+    """A completed round's head and this node's assignment (``round group_rank base``)."""
+    try:
+        d = protocol.decode_json(head, "round head", protocol.MAX_RDZV_RECORD_BYTES)
+        rnd, rank, base = (int(x) for x in assign.split())
+        return RendezvousResult(
+            round=rnd, group_rank=rank, group_world_size=int(d["world_size"]),
+            master_addr=str(d["master_addr"]), master_port=int(d["master_port"]),
+            total_workers=int(d.get("total_workers") or 0), base_rank=base,
+            completed_ms=int(d.get("completed_ms") or 0))
+    except (protocol.ProtocolError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RendezvousError(f"the rendezvous record is unreadable ({exc}): another writer "
+                              "broke the job's keys; start it under a new --job-id") from None
 
 
 def _decode_round(raw: Any) -> RoundInfo:

@@ -36,8 +36,9 @@ from .protocol import (
 )
 from .stack_dumps import RankStack, parse_faulthandler
 
-#: Entries per XREAD; a reply is one rank.
-READ_COUNT = 1000
+#: Entries per XREAD; a reply is one rank, up to 256 KiB of text: a read holds at most
+#: ~32 MiB (32,768 ranks: 256 reads).
+READ_COUNT = 128
 #: The longest single block (the client's socket timeout must be longer).
 BLOCK_MS = 1000
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 import redis
 import redis.asyncio as aioredis
@@ -24,6 +25,47 @@ log = logging.getLogger(__name__)
 # wake) is noticed within seconds; an idle XREAD every few seconds costs nothing.
 _BLOCK_MS = 5_000
 _REFUSED_RETRY_S = 1.0
+#: Entries per XREAD: a reply holds at most this many, whatever a writer put on the stream
+#: (anyone who may write it can make each entry megabytes). Commands come by the handful.
+READ_COUNT = 16
+
+
+#: ``stacks`` requests an agent answers: a burst of this many, then one every
+#: ``STACKS_INTERVAL_S`` (each signals every worker of the node and publishes up to 256 KiB a
+#: rank; a flood of them is acked ``rejected``). See docs/SECURITY.md.
+STACKS_BURST = 4
+STACKS_INTERVAL_S = 5.0
+
+
+class RateLimit:
+    """A token bucket: ``burst`` at once, then one every ``interval_s``. O(1) a call."""
+
+    def __init__(self, burst: int, interval_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst, self.interval_s, self._clock = burst, interval_s, clock
+        self._tokens = float(burst)
+        self._at = clock()
+
+    def take(self) -> float:
+        """0.0 if this request may go ahead (a token is spent), else the seconds until one may."""
+        now = self._clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._at) / self.interval_s)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return 0.0
+        return (1.0 - self._tokens) * self.interval_s
+
+
+def stacks_limit() -> RateLimit:
+    """An agent's limit on the ``stacks`` commands it answers."""
+    return RateLimit(STACKS_BURST, STACKS_INTERVAL_S)
+
+
+def stacks_refused(wait: float) -> str:
+    """The ack reason of a ``stacks`` command over the limit, ``wait`` s before the next."""
+    return (f"too many stacks requests (at most {STACKS_BURST}, then one every "
+            f"{STACKS_INTERVAL_S:g} s): ask again in {max(1, round(wait + 0.5))} s")
 
 
 class Rejected:
@@ -47,6 +89,9 @@ class CommandReader:
         self.last_id: str | None = None
         #: The first word of the server's refusal while the stream cannot be read, else None.
         self.refused: str | None = None
+        #: Entries the consumer finished with (it asked for the next one): the command loop's
+        #: progress, which resets keep_running's back-off.
+        self.handled = 0
 
     async def start_position(self) -> str:
         """The id to read after: the stream's newest entry now ('0-0' when empty)."""
@@ -60,7 +105,8 @@ class CommandReader:
             try:
                 if self.last_id is None:
                     self.last_id = await self.start_position()
-                reply = await self._client.xread({self._key: self.last_id}, block=_BLOCK_MS)
+                reply = await self._client.xread({self._key: self.last_id}, count=READ_COUNT,
+                                                 block=_BLOCK_MS)
                 backoff = 0.05
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                 log.debug("command stream unreachable (%s); retrying", exc)
@@ -87,9 +133,18 @@ class CommandReader:
                 for entry_id, fields in entries:
                     eid = entry_id.decode()
                     self.last_id = eid
-                    decoded = decode_command(eid, fields)
+                    try:
+                        decoded = decode_command(eid, fields)
+                    except Exception as exc:  # a decoder bug: the command is still acked
+                        decoded = f"command could not be decoded ({type(exc).__name__})"
                     if isinstance(decoded, str):
-                        raw_id = fields.get(b"id", b"?")[:MAX_COMMAND_ID_CHARS].decode(errors="replace")
-                        yield Rejected(raw_id, decoded, eid)
+                        yield Rejected(_raw_id(fields), decoded, eid)
                     else:
                         yield decoded
+                    self.handled += 1
+
+
+def _raw_id(fields: object) -> str:
+    """The id a refused command gave, cut and decoded: the ack names it."""
+    raw = fields.get(b"id", b"?") if isinstance(fields, dict) else b"?"
+    return raw[:MAX_COMMAND_ID_CHARS].decode(errors="replace") if isinstance(raw, bytes) else "?"

@@ -77,6 +77,8 @@ class AgentConfig:
     static: StaticPlacement | None = None
     #: --health-check-port (else $TORCHELASTIC_HEALTH_CHECK_PORT): liveness and /metrics.
     health_check_port: int | None = None
+    #: --health-check-host: the address it listens on (default loopback; 0.0.0.0 or :: all).
+    health_check_host: str = "127.0.0.1"
     #: --preload: modules a warm zygote imports; workers are forked from it (issue 14).
     preload: tuple[str, ...] = ()
     #: --preload auto (the default): Python workers forked from a zygote, which imports torch
@@ -219,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     a(*_both("health-check-port"), dest="health_check_port", default=None, metavar="PORT",
       help="serve HTTP liveness (/healthz) and Prometheus metrics (/metrics) on this port "
       "(default $TORCHELASTIC_HEALTH_CHECK_PORT, else none)")
+    a(*_both("health-check-host"), dest="health_check_host", default="127.0.0.1", metavar="HOST",
+      help="address the health check listens on (default 127.0.0.1: this host only; 0.0.0.0 "
+      "or :: for every interface, e.g. for a Kubernetes httpGet probe)")
     a("--preload", default="auto", metavar="MODULES",
       help="comma list of modules (e.g. torch) a warm zygote imports once per node; workers "
       "are forked from it instead of starting a new interpreter. auto (the default): Python "
@@ -584,6 +589,7 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
             if needles is not None},
         health_check_port=None if ns.health_check_port is None else int(
             _number(ns.health_check_port, "--health-check-port")),
+        health_check_host=ns.health_check_host,  # checked when it binds (HealthServer.start)
     )
     preload, preload_auto = parse_preload(ns)
     cfg = replace(cfg, preload=preload, preload_auto=preload_auto)

@@ -26,6 +26,7 @@ import enum
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -39,7 +40,7 @@ from typing import IO, Any, TypeVar
 import redis
 import redis.asyncio as aioredis
 
-from ..coordination import protocol
+from ..coordination import protocol, stream_mux
 from ..coordination.connection import (
     RedisUnavailableError,
     config_get_each,
@@ -59,8 +60,10 @@ from ..coordination.rendezvous import (
     RendezvousResult,
 )
 from ..coordination.store import RedisStore, StoreTimeoutError, barrier
+from ..coordination.stream_mux import StreamMux
 from ..coordination.text import terminal_line
-from .commands import CommandReader, Rejected
+from . import pages
+from .commands import CommandReader, Rejected, stacks_limit, stacks_refused
 from .config import AgentConfig
 from .events import EventSink, ResourceSampler, RestartClock
 from .fence import Fence
@@ -69,6 +72,7 @@ from .job_records import JobRecords
 from .logs import LogConfig, NodeLogs, make_logs_drop_marker, parse_std_spec
 from .loops import keep_running
 from .publisher import StreamPublisher
+from .redis_bridge import SyncBridge
 from .retention import JobRetention
 from .stacks import StackCollector
 from .stall import Stall, StallWatch
@@ -153,18 +157,32 @@ class ElasticAgent:
         self.keys = JobKeys(config.job_id)
         self.term = terminal or sys.stderr
         self._colour = _isatty(self.term)
+        self.host = socket.gethostname()
+        # Issue 21: two connections per agent. The writer carries every command that does not
+        # block, one at a time (the rendezvous's first); the multiplexer's one XREAD carries
+        # every blocking read. The rendezvous and the exit barrier's store run in threads:
+        # they use the same two through SyncBridge.
+        name = "elastic-agent:" + re.sub(r"[^A-Za-z0-9._-]", "_", self.host) + f":{os.getpid()}"
+        self._client: aioredis.Redis = make_async_client(
+            config.endpoint, one_connection=True, client_name=name + ":writer")
+        self._mux = StreamMux(make_async_client(
+            config.endpoint, blocking_ms=stream_mux.BLOCK_MS, retries=0, one_connection=True,
+            client_name=name + ":reader"), self._client, wake_key="")
+        self._reader = self._mux.reader()
+        self._bridges = [SyncBridge(self._client, priority=True),
+                         SyncBridge(self._mux.reader(), priority=True)]
         self.rdzv = RedisRendezvous(config.endpoint, config.job_id, config.rendezvous,
                                     local_addr=config.local_addr, nproc=config.nproc,
-                                    node_rank=config.static.node_rank if config.static else None)
+                                    node_rank=config.static.node_rank if config.static else None,
+                                    client=self._bridges[0], reader=self._bridges[1])
         self.node_id = self.rdzv.node_id
-        self.host = socket.gethostname()
+        self._mux.wake_key = self.keys.wake(self.node_id)
         self.publisher = StreamPublisher(
-            config.endpoint, make_drop_marker=make_logs_drop_marker(config.job_id, self.node_id))
+            lambda: self._client, close_client=False,
+            make_drop_marker=make_logs_drop_marker(config.job_id, self.node_id))
         OOM.count_dropped(lambda: self.publisher.stats().dropped_weight)
         self.events = EventSink(self.publisher, config.job_id, self.node_id,
                                 echo=sys.stderr if config.event_log_handler == "console" else None)
-        self._client: aioredis.Redis = make_async_client(config.endpoint)
-        self._reader: aioredis.Redis = make_async_client(config.endpoint, blocking_ms=30_000)
         self.node_logs = NodeLogs(
             LogConfig(redirects=parse_std_spec(config.redirects), tee=parse_std_spec(config.tee),
                       local_ranks_filter=config.local_ranks_filter,
@@ -188,6 +206,7 @@ class ElasticAgent:
         self.stacks = StackCollector(self.group, self._client, config.job_id, self.node_id,
                                      self.host)
         self._stack_tasks: set[asyncio.Task[None]] = set()
+        self._stacks_limit = stacks_limit()
         self._evidence: dict[str, Any] | None = None
         self.sampler = ResourceSampler(self._client, config.job_id, self.node_id)
         self.records = JobRecords(self._client, config.job_id, self.node_logs.stream_key)
@@ -199,7 +218,7 @@ class ElasticAgent:
         self.health = HealthCheck.for_agent(self)
         #: Issue 13: job-wide stall detection (stall.py); None with --stall-timeout 0.
         self.stall = StallWatch(
-            self._client, self._reader, config.job_id, self.node_id, self.host,
+            self._client, self._mux.reader(), config.job_id, self.node_id, self.host,
             config.stall_timeout, config.on_stall, self.node_logs.last_output, self.events.emit,
         ) if config.stall_timeout > 0 else None
         self._round: _Round | None = None
@@ -208,6 +227,7 @@ class ElasticAgent:
         self._actions: asyncio.Queue[Command] = asyncio.Queue()
         self._restarts_used = 0
         self.root_cause: dict[str, Any] | None = None
+        self._members_seen: dict[tuple[str, int], bool] = {}
         #: The restart under way: when each of its phases ended (issue 23).
         self._restart_clock: RestartClock | None = None
 
@@ -224,6 +244,9 @@ class ElasticAgent:
         for sig in self.cfg.signals_to_handle:
             with contextlib.suppress(ValueError, RuntimeError, OSError):
                 loop.add_signal_handler(sig, self._on_signal, sig)
+        for bridge in self._bridges:
+            bridge.attach(loop)
+        self._mux.start()
         await self.publisher.start()
         background = [asyncio.create_task(self._read_commands(), name="commands"),
                       asyncio.create_task(self.sampler.run(), name="resources"),
@@ -246,8 +269,9 @@ class ElasticAgent:
             with contextlib.suppress(Exception):
                 # After this agent's last write, so what it wrote expires with the rest.
                 await asyncio.wait_for(self.retention.finish(), 10.0)
+            await self._mux.aclose()
+            await self._mux.client.aclose()
             await self._client.aclose()
-            await self._reader.aclose()
             for sig in self.cfg.signals_to_handle:
                 with contextlib.suppress(ValueError, RuntimeError):
                     loop.remove_signal_handler(sig)
@@ -333,13 +357,13 @@ class ElasticAgent:
             self.say(f"round {p.round} is running without this node; waiting for the next "
                      f"round (join timeout in {p.join_left:.0f} s)")
             return
-        need = max(0, p.min_nodes - len(p.joined))
-        parts = [f"round {p.round}: {len(p.joined)} of {p.min_nodes}..{p.max_nodes} nodes "
+        need = max(0, p.min_nodes - p.joined_count)
+        parts = [f"round {p.round}: {p.joined_count} of {p.min_nodes}..{p.max_nodes} nodes "
                  f"joined"]
         if need:
             parts.append(f"waiting for {need} more")
-        if p.missing:
-            parts.append("missing: " + ", ".join(p.missing))
+        if p.missing_count:
+            parts.append(f"{p.missing_count} of the previous round's nodes not back yet")
         if p.last_call_left is not None:
             parts.append(f"last call ends in {p.last_call_left:.0f} s")
         parts.append(f"join timeout in {p.join_left:.0f} s")
@@ -383,10 +407,8 @@ class ElasticAgent:
             self.keys.restarts)
         self._restarts_used = restarts
         self.records.note_restarts(restarts)
-        info = result.info
-        world = info.total_workers or self.cfg.nproc * result.group_world_size
-        base = info.base_rank(result.group_rank) if info.total_workers else (
-            result.group_rank * self.cfg.nproc)
+        world = result.total_workers or self.cfg.nproc * result.group_world_size
+        base = result.base_rank if result.total_workers else result.group_rank * self.cfg.nproc
         master_addr, master_port = result.master_addr, result.master_port
         static = self.cfg.static
         if static is not None:
@@ -400,7 +422,7 @@ class ElasticAgent:
             group_rank=result.group_rank, group_world_size=result.group_world_size,
             world_size=world, base_rank=base, master_addr=master_addr,
             master_port=master_port, restart_count=restarts, attempt=self._attempt)
-        self._round = _Round(result, self._attempt, restarts, info.completed_ms, world)
+        self._round = _Round(result, self._attempt, restarts, result.completed_ms, world)
         if self.records.created_ms is None:
             created = await self._redis("reading the job's creation time", lambda: (
                 self._client.hget(self.keys.meta, "created_ms")))
@@ -423,13 +445,14 @@ class ElasticAgent:
         when Redis lost it)."""
         assert self._round is not None
         result = self._round.result
-        if result.group_rank == 0:
+        info = self.rdzv.last_round_info  # group rank 0 alone holds the whole round
+        if result.group_rank == 0 and info is not None:
             self.events.emit(EventType.RENDEZVOUS_COMPLETE, round=result.round,
                              world_size=self._round.world_size,
                              group_world_size=result.group_world_size,
                              nodes=[{"node": n["node"], "host": n["host"],
                                      "group_rank": n["group_rank"], "nproc": n.get("nproc", 0)}
-                                    for n in result.info.nodes], **extra)
+                                    for n in info.nodes], **extra)
 
     def _announce_workers(self, **extra: Any) -> None:
         assert self._round is not None
@@ -491,9 +514,7 @@ class ElasticAgent:
             await asyncio.get_running_loop().create_future()  # off: never
         assert self.stall is not None and self._round is not None
         r = self._round
-        return await self.stall.watch(r.result.round, r.started_ms,
-                                      [n["node"] for n in r.result.info.nodes],
-                                      lambda: self.group.workers)
+        return await self.stall.watch(r.result.round, r.started_ms, lambda: self.group.workers)
 
     def _restart_still_due(self, cmd: Command) -> bool:
         # A restart issued before the current round formed has been done already (another
@@ -530,7 +551,7 @@ class ElasticAgent:
                     return Outcome.CLOSED, None
                 if m.round > my_round:
                     return Outcome.REFORM, _NEWER_ROUND
-                if self.node_id in m.members:
+                if m.is_member:
                     self.fence.thaw()  # frozen workers go on if this node's beats get through
                 if self.rdzv.waiting_count(m, include_lost=not in_grace) > 0:
                     why = []
@@ -541,7 +562,8 @@ class ElasticAgent:
                     if m.waiting:
                         why.append("waiting: " + ", ".join(m.waiting))
                     return Outcome.REFORM, "membership changed (" + "; ".join(why) + ")"
-                reply = await self._reader.xread(streams, block=int(interval * 1000))
+                reply = await self._reader.xread(streams, count=pages.PAGE,
+                                                 block=int(interval * 1000))
                 for key, entries in reply or []:
                     streams[key.decode()] = entries[-1][0].decode()
             except Exception as exc:
@@ -671,17 +693,15 @@ class ElasticAgent:
         fallback = _failure_dict(local, self.node_id, self.host) if local else {}
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.publisher.flush(), timeout=3.0)
-        try:
-            entries = await self._client.xrange(
-                self.keys.events, min=f"{self._round.started_ms}-0", max="+")
-        except (redis.RedisError, OSError):
-            return fallback
+        # A page at a time (pages.py), never the whole round at once: anyone who can write
+        # the event stream can make each entry a megabyte. The earliest failure ends the read.
+        entries = pages.forward(self._client, self.keys.events, f"{self._round.started_ms}-0")
         # Only a member of this round can be its root cause: anyone who can write the event
         # stream could otherwise name a failure of their own choosing.
-        members = {n["node"] for n in self._round.result.info.nodes}
-        for entry_id, fields in entries:
+        async for entry_id, fields in pages.until_unreachable(entries):
             ev = protocol.decode_event(entry_id, fields)
-            if ev is None or ev.type != EventType.WORKER_EXITED or ev.node not in members:
+            if (ev is None or ev.type != EventType.WORKER_EXITED
+                    or not await self._member(ev.node, self._round.result.round)):
                 continue
             d = ev.data
             if (type(d.get("exit_code")) is not int or d["exit_code"] == 0 or d.get("stopping")
@@ -734,7 +754,10 @@ class ElasticAgent:
         job's end for that long."""
         assert self._signal is not None
         leave = threading.Event()
-        store = _LeavableStore(self.cfg.endpoint, self.cfg.job_id, f"r{r.round}", leave=leave)
+        reader = self._mux.reader()
+        store = _LeavableStore.on(
+            self._bridges[0], SyncBridge(reader, priority=True, loop=asyncio.get_running_loop()),
+            self.cfg.job_id, f"r{r.round}", leave)
         passing = asyncio.ensure_future(asyncio.to_thread(
             barrier, store, r.group_world_size, "exit", self.cfg.exit_barrier_timeout,
             r.group_rank))
@@ -778,6 +801,7 @@ class ElasticAgent:
                 reason = None  # it filled: every node succeeded, whatever else came in
             finally:
                 store.close()
+                reader.close()
         return reason
 
     async def _watch_failures(self, r: RendezvousResult) -> tuple[Outcome, Any]:
@@ -785,13 +809,12 @@ class ElasticAgent:
         the job ended. The event comes before the failing node opens the next round (it
         first stops its workers and finds the root cause), so waiting nodes move at once."""
         assert self._round is not None
-        members = {n["node"] for n in r.info.nodes}
         since = self._round.started_ms
         last = f"{max(0, since - 1)}-0"  # XREAD is exclusive: start just before the round
         while True:
             raise_if_cancelled()
             try:
-                reply = await self._reader.xread({self.keys.events: last}, count=1000,
+                reply = await self._reader.xread({self.keys.events: last}, count=pages.PAGE,
                                                  block=1000)
             except (redis.RedisError, OSError) as exc:
                 log.debug("exit barrier event watch: %s", exc)
@@ -803,7 +826,8 @@ class ElasticAgent:
                     ev = protocol.decode_event(entry_id, fields)
                     # Only a member of this round speaks for it (anyone who can write the
                     # event stream could otherwise send every node away from the barrier).
-                    if ev is None or ev.node not in members or ev.server_ms < since:
+                    if (ev is None or ev.server_ms < since
+                            or not await self._member(ev.node, r.round)):
                         continue
                     if ev.type == EventType.GROUP_FAILED and ev.data.get("round") == r.round:
                         return Outcome.REFORM, _FailedElsewhere(ev.node, ev.data.get("root_cause"))
@@ -840,17 +864,31 @@ class ElasticAgent:
 
     async def _last_root_cause(self) -> dict[str, Any] | None:
         with contextlib.suppress(redis.RedisError, OSError):
-            for entry_id, fields in await self._client.xrevrange(self.keys.events, count=500):
+            async for entry_id, fields in pages.backward(self._client, self.keys.events,
+                                                         limit=500):
                 ev = protocol.decode_event(entry_id, fields)
                 if ev is None or ev.type not in (EventType.JOB_FAILED, EventType.GROUP_FAILED):
                     continue
-                if self._round is not None and ev.node not in {
-                        n["node"] for n in self._round.result.info.nodes}:
+                if self._round is not None and not await self._member(
+                        ev.node, self._round.result.round):
                     continue
                 cause = ev.data.get("root_cause")
                 if isinstance(cause, dict):
                     return cause
         return None
+
+    async def _member(self, node: str, round_: int) -> bool:
+        """Whether ``node`` is a member of round ``round_``: one HGET of its assignment, so
+        that checking who speaks for a round never reads the whole round (O(N) bytes)."""
+        key = (node, round_)
+        known = self._members_seen.get(key)
+        if known is None:
+            raw = await self._client.hget(self.keys.rdzv_assign, node)
+            known = bool(raw) and raw.split(b" ", 1)[0] == str(round_).encode()
+            if len(self._members_seen) > 4096:
+                self._members_seen.clear()
+            self._members_seen[key] = known
+        return known
 
     async def _claim(self, field: str) -> bool:
         """True for exactly one agent of the job per ``field``: the one that reports it."""
@@ -883,8 +921,9 @@ class ElasticAgent:
     async def _read_commands(self) -> None:
         """Acts on the job's commands for the agent's whole life: the loop is restarted, and
         says so, should anything escape it."""
-        reader = CommandReader(self._reader, self.cfg.job_id)
-        await keep_running("command reader", lambda: self._command_loop(reader), self.say)
+        reader = CommandReader(self._mux.reader(), self.cfg.job_id)
+        await keep_running("command reader", lambda: self._command_loop(reader), self.say,
+                           progress=lambda: reader.handled)
 
     async def _command_loop(self, reader: CommandReader) -> None:
         async for cmd in reader:
@@ -898,6 +937,9 @@ class ElasticAgent:
 
     async def _handle_command(self, cmd: Command) -> None:
         if cmd.type == CommandType.STACKS:
+            if wait := self._stacks_limit.take():
+                self._ack(cmd.id, "rejected", stacks_refused(wait))
+                return
             # Read-only and up to 2 s: answered beside the command loop, which stays free
             # for a stop that comes meanwhile.
             task = asyncio.create_task(self._answer_stacks(cmd), name="stacks")
@@ -1057,9 +1099,16 @@ class _LeavableStore(RedisStore):
     the event loop cannot cancel (and ``asyncio.run`` would wait for it at exit), so it waits
     in slices and looks at ``leave`` between them."""
 
-    def __init__(self, *args: Any, leave: threading.Event, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._leave = leave
+    _leave: threading.Event
+
+    @classmethod
+    def on(cls, writer: Any, reader: Any, job_id: str, namespace: str,
+           leave: threading.Event) -> _LeavableStore:
+        """A store on the agent's bridged clients (no connection of its own)."""
+        store = cls.from_clients(writer, reader, job_id, namespace)
+        assert isinstance(store, _LeavableStore)
+        store._leave = leave
+        return store
 
     def wait(self, keys: Sequence[str | bytes], timeout: Any = None) -> None:
         if timeout is None:

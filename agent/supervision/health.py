@@ -6,7 +6,9 @@ alive while ``now - alive_callback() < timeout``, where the callback is the last
 of its watchdog loop (else "now"). The open-source server is a no-op (it logs "No health check
 server started"); torch defines no path and no wire format. Here, with
 ``TORCHELASTIC_HEALTH_CHECK_PORT`` or ``--health-check-port`` (the flag wins), the agent
-serves HTTP/1.1 on that port on every interface (a Kubernetes probe comes to the pod's IP):
+serves HTTP/1.1 on that port of ``--health-check-host`` (default :data:`DEFAULT_HOST`,
+loopback: an exec probe or a sidecar on the host; a Kubernetes ``httpGet`` probe comes to the
+pod's IP and needs ``--health-check-host 0.0.0.0`` or ``::``):
 
 * ``GET /healthz`` (also ``/`` and ``/livez``): 200 and ``{"status": "ok", ...}`` while the
   agent's event loop beat within :data:`LIVENESS_BOUND_S`; 503 and ``{"status": "stalled",
@@ -18,19 +20,25 @@ serves HTTP/1.1 on that port on every interface (a Kubernetes probe comes to the
   beat: workers by state, restarts used and allowed, rendezvous round, log lines shipped and
   dropped, publisher backlog, Redis connected, watchdog expiries, and the liveness itself.
 
-The server runs on a thread of its own with its own event loop, so it still answers (503)
-while the agent's loop is stuck. Requests are hostile input: the head is bounded
-(:data:`MAX_HEAD_BYTES`, read within :data:`READ_TIMEOUT_S`), connections are capped
-(:data:`MAX_CONNECTIONS`), only GET and HEAD are served, and every answer closes its connection.
+The server runs on a thread of its own, so it still answers (503) while the agent's loop is
+stuck. Requests are hostile input, and liveness must answer whatever other clients do (a
+failed probe restarts the pod, which ends the job): see :class:`HealthServer` for how a flood
+of half requests only recycles its own connections. The head is bounded
+(:data:`MAX_HEAD_BYTES`, sent within :data:`READ_TIMEOUT_S`), only GET and HEAD are served,
+and every answer closes its connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import ipaddress
 import json
 import logging
 import os
+import re
+import selectors
 import socket
 import threading
 import time
@@ -47,9 +55,18 @@ PORT_ENV = "TORCHELASTIC_HEALTH_CHECK_PORT"
 LIVENESS_BOUND_S = 30.0
 #: How often the loop beats (and refreshes the metrics' snapshot).
 BEAT_INTERVAL_S = 1.0
+#: Where the server listens unless --health-check-host says otherwise: this host only.
+DEFAULT_HOST = "127.0.0.1"
 MAX_HEAD_BYTES = 8192
-READ_TIMEOUT_S = 5.0
-MAX_CONNECTIONS = 32
+#: Seconds a connection may take to send its request head and read the answer: a probe sends
+#: its head at once, and a Kubernetes probe gives up after 1 s anyway (timeoutSeconds).
+READ_TIMEOUT_S = 1.0
+#: Connections waiting for their head, in all and per peer (an IPv4 address, an IPv6 /64).
+MAX_CONNECTIONS = 128
+MAX_PER_PEER = 32
+#: Connections accepted per turn of the loop, and the kernel's queue of those not yet accepted.
+ACCEPT_BATCH = 64
+BACKLOG = 1024
 LIVENESS_PATHS = frozenset({"/", "/healthz", "/livez"})
 METRICS_PATH = "/metrics"
 # What prometheus-client's generate_latest writes (newer clients name 1.0.0 as "latest", which
@@ -230,104 +247,216 @@ def metrics_text(healthy: bool, age: float, s: Snapshot) -> bytes:
     return generate_latest(registry)
 
 
-class HealthServer:
-    """HTTP on ``port`` (0: any free one) answered from ``heartbeat`` (see the module
-    docstring). ``start`` binds, in the caller's thread, so a busy port fails there
-    (HealthCheckError); then serves on a thread of its own until ``stop``."""
+class _Conn:
+    """One accepted connection: what it sent so far, then its answer."""
 
-    def __init__(self, heartbeat: Heartbeat, port: int, host: str | None = None) -> None:
+    __slots__ = ("deadline", "inbox", "outbox", "peer", "sock")
+    # outbox: None while reading the request, then what is left of the answer; b"" once it
+    # is sent and the connection drains until the client closes.
+
+    def __init__(self, sock: socket.socket, peer: str, deadline: float) -> None:
+        self.sock, self.peer, self.deadline = sock, peer, deadline
+        self.inbox = b""
+        self.outbox: bytes | None = None  # None: still reading the request
+
+
+class HealthServer:
+    """HTTP on ``host``:``port`` (port 0: any free one) answered from ``heartbeat`` (see the
+    module docstring). ``start`` binds, in the caller's thread, so a busy port fails there
+    (HealthCheckError); then serves on a thread of its own until ``stop``.
+
+    One selector loop, no task per connection. A request whose head is there when the
+    connection is accepted (a probe sends it at once) is answered then. Connections wait in
+    a table (for the rest of their head, or for the client to close after the answer): at
+    most ``per_peer`` per peer and ``max_open`` in all, each for ``read_timeout`` seconds. A
+    new connection over a limit ends one of its own peer's (over ``max_open``: of the peer
+    holding most; see :func:`_victim`), never itself, so a flood of half requests only
+    recycles its own connections, whoever it comes from.
+    """
+
+    def __init__(self, heartbeat: Heartbeat, port: int, host: str = DEFAULT_HOST, *,
+                 per_peer: int = MAX_PER_PEER, max_open: int = MAX_CONNECTIONS,
+                 read_timeout: float = READ_TIMEOUT_S) -> None:
         self.heartbeat = heartbeat
         self._want = port
         self._host = host
+        self._per_peer, self._max_open, self._timeout = per_peer, max_open, read_timeout
         self._sock: socket.socket | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._active = 0
+        self._stopping = threading.Event()
+        self._wake: tuple[socket.socket, socket.socket] | None = None
+        self._open: dict[socket.socket, _Conn] = {}  # oldest first
+        self._by_peer: dict[str, list[_Conn]] = {}
         self.port = 0
 
     def start(self) -> int:
         """Bind and serve; returns the port. Raises HealthCheckError if it cannot bind."""
         try:
-            if self._host is None and socket.has_dualstack_ipv6():
-                sock = socket.create_server(("", self._want), family=socket.AF_INET6,
-                                            dualstack_ipv6=True)
-            else:
-                sock = socket.create_server((self._host or "", self._want))
-        except (OSError, OverflowError) as exc:  # OverflowError: a port beyond 65535
-            raise HealthCheckError(f"cannot serve the health check on port {self._want}: "
-                                   f"{getattr(exc, 'strerror', None) or exc}") from None
+            if len(self._host) > 255:
+                raise ValueError("not a host name or address (too long)")
+            sock = _listen(self._host, self._want)
+        except (OSError, OverflowError, ValueError) as exc:  # Overflow: a port over 65535
+            raise HealthCheckError(
+                f"cannot serve the health check on {_shown(self._host[:80])}:{self._want}: "
+                f"{getattr(exc, 'strerror', None) or exc}") from None
+        sock.setblocking(False)
         self._sock = sock
         self.port = sock.getsockname()[1]
-        self._loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, args=(ready,),
-                                        name="health-check", daemon=True)
+        self._wake = socket.socketpair()
+        for end in self._wake:
+            end.setblocking(False)
+        self._thread = threading.Thread(target=self._serve, name="health-check", daemon=True)
         self._thread.start()
-        ready.wait(10)
         return self.port
 
     def stop(self) -> None:
         """Stop serving and close the port. Idempotent."""
-        loop, thread = self._loop, self._thread
-        self._loop = self._thread = None
-        if loop is not None and thread is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is already closed
-                loop.call_soon_threadsafe(loop.stop)
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stopping.set()
+            assert self._wake is not None
+            with contextlib.suppress(OSError):
+                self._wake[1].send(b"x")
             thread.join(5)
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        for conn in list(self._open.values()):
+            self._drop(conn)
+        for sock in (self._sock, *(self._wake or ())):
+            if sock is not None:
+                sock.close()
+        self._sock = self._wake = None
 
-    def _serve(self, ready: threading.Event) -> None:
-        loop = self._loop
-        assert loop is not None and self._sock is not None
-        asyncio.set_event_loop(loop)
+    def _serve(self) -> None:
+        assert self._sock is not None and self._wake is not None
+        sel = selectors.DefaultSelector()
         try:
-            server = loop.run_until_complete(asyncio.start_server(
-                self._handle, sock=self._sock, limit=MAX_HEAD_BYTES))
-            ready.set()
-            loop.run_forever()
-            server.close()
-            # Connections still open end with the loop; their handlers are cancelled here.
-            for task in asyncio.all_tasks(loop):
-                task.cancel()
-            loop.run_until_complete(asyncio.sleep(0))
+            sel.register(self._sock, selectors.EVENT_READ)
+            sel.register(self._wake[0], selectors.EVENT_READ)
+            while not self._stopping.is_set():
+                oldest = next(iter(self._open.values()), None)
+                wait = 1.0 if oldest is None else oldest.deadline - time.monotonic()
+                for key, _ in sel.select(max(0.0, min(wait, 1.0))):
+                    conn = self._open.get(key.fileobj)  # type: ignore[call-overload]
+                    try:
+                        if key.fileobj is self._sock:
+                            self._accept(sel)
+                        elif key.fileobj is self._wake[0]:
+                            with contextlib.suppress(OSError):
+                                self._wake[0].recv(64)
+                        elif conn is not None:
+                            self._pump(conn, sel)
+                    except Exception:  # a bug must cost one connection, never the probe
+                        log.exception("health: a request failed")
+                        if conn is not None:
+                            self._drop(conn, sel)
+                self._expire(sel)
         except Exception:
             log.exception("health: the server stopped")
         finally:
-            ready.set()
-            loop.close()
+            sel.close()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._active >= MAX_CONNECTIONS:
-            writer.close()
-            return
-        self._active += 1
-        try:
+    def _accept(self, sel: selectors.BaseSelector) -> None:
+        # A bounded batch, so connections already open get their turn in a flood.
+        assert self._sock is not None
+        for _ in range(ACCEPT_BATCH):
             try:
-                request = await asyncio.wait_for(_read_head(reader), READ_TIMEOUT_S)
-            except (asyncio.TimeoutError, ValueError, ConnectionError,
-                    asyncio.IncompleteReadError):
-                request = None
-            status, ctype, body, head_only = self._answer(request)
-            reason = {200: "OK", 400: "Bad Request", 404: "Not Found",
-                      405: "Method Not Allowed", 503: "Service Unavailable"}[status]
-            head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
-                    f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\n"
-                    + ("Allow: GET, HEAD\r\n" if status == 405 else "")
-                    + "Connection: close\r\n\r\n").encode()
-            writer.write(head if head_only else head + body)
-            with contextlib.suppress(ConnectionError, asyncio.TimeoutError):
-                await asyncio.wait_for(writer.drain(), READ_TIMEOUT_S)
-        except Exception:
-            log.exception("health: a request failed")
-        finally:
-            self._active -= 1
-            writer.close()
+                sock, addr = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE) and self._by_peer:
+                    # Out of descriptors: free one, or the listener stays ready and spins.
+                    self._drop(_victim(max(self._by_peer.values(), key=len)), sel)
+                return
+            sock.setblocking(False)
+            conn = _Conn(sock, _peer_key(addr[0]), time.monotonic() + self._timeout)
+            self._open[sock] = conn
+            self._by_peer.setdefault(conn.peer, []).append(conn)
+            sel.register(sock, selectors.EVENT_READ)
+            if not self._pump(conn, sel):  # a probe's head is usually there: answered at once
+                continue
+            mine = self._by_peer[conn.peer]
+            if len(mine) > self._per_peer:
+                self._evict(_victim(mine), sel)
+            elif len(self._open) > self._max_open:
+                self._evict(_victim(max(self._by_peer.values(), key=len)), sel)
+
+    def _evict(self, conn: _Conn, sel: selectors.BaseSelector) -> None:
+        """End ``conn`` to make room, unless what it sent meanwhile can be answered."""
+        if conn.outbox is None and not self._pump(conn, sel):
+            return
+        self._drop(conn, sel)
+
+    def _pump(self, conn: _Conn, sel: selectors.BaseSelector) -> bool:
+        """Read, answer or drain what the socket takes now; False once the connection is done.
+
+        After the answer the connection is half-closed and drained until the client closes
+        (a lingering close): closing with unread input would reset it, and a reset can destroy
+        the answer before the client reads it."""
+        try:
+            if conn.outbox is None:
+                while True:
+                    chunk = conn.sock.recv(MAX_HEAD_BYTES + 1 - len(conn.inbox))
+                    conn.inbox += chunk
+                    request = _parse_head(conn.inbox, eof=not chunk)
+                    if request is not _INCOMPLETE:
+                        conn.inbox = b""
+                        conn.outbox = self._response(request)
+                        sel.modify(conn.sock, selectors.EVENT_WRITE)
+                        break
+            if conn.outbox:
+                conn.outbox = conn.outbox[conn.sock.send(conn.outbox):]
+                if conn.outbox:
+                    return True
+                conn.sock.shutdown(socket.SHUT_WR)
+                sel.modify(conn.sock, selectors.EVENT_READ)
+            for _ in range(4):  # bounded: a client that keeps sending waits for its deadline
+                if not conn.sock.recv(65536):
+                    break
+            else:
+                return True
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            pass
+        self._drop(conn, sel)
+        return False
+
+    def _expire(self, sel: selectors.BaseSelector) -> None:
+        now = time.monotonic()
+        while self._open:  # oldest first: stop at the first still in time
+            conn = next(iter(self._open.values()))
+            if conn.deadline > now:
+                break
+            if conn.outbox is None:  # too slow to ask: say so if the socket takes it
+                with contextlib.suppress(OSError):
+                    conn.sock.send(self._response(_TIMED_OUT))
+            self._drop(conn, sel)
+
+    def _drop(self, conn: _Conn, sel: selectors.BaseSelector | None = None) -> None:
+        if self._open.pop(conn.sock, None) is None:
+            return
+        mine = self._by_peer[conn.peer]
+        mine.remove(conn)
+        if not mine:
+            del self._by_peer[conn.peer]
+        if sel is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                sel.unregister(conn.sock)
+        conn.sock.close()
+
+    def _response(self, request: tuple[str, str] | None) -> bytes:
+        status, ctype, body, head_only = self._answer(request)
+        head = (f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\n"
+                + ("Allow: GET, HEAD\r\n" if status == 405 else "")
+                + "Connection: close\r\n\r\n").encode()
+        return head if head_only else head + body
 
     def _answer(self, request: tuple[str, str] | None) -> tuple[int, str, bytes, bool]:
         """(status, content type, body, HEAD) for a request line, None if unreadable."""
         text = "text/plain; charset=utf-8"
+        if request is _TIMED_OUT:
+            return 408, text, b"request head not received in time\n", False
         if request is None:
             return 400, text, b"bad request\n", False
         method, path = request
@@ -341,25 +470,68 @@ class HealthServer:
                                "bound_s": self.heartbeat.bound_s}).encode() + b"\n"
             return (200 if healthy else 503), "application/json", body, head_only
         if path == METRICS_PATH:
-            return 200, _METRICS_TYPE, metrics_text(healthy, age, snap), head_only
+            try:
+                return 200, _METRICS_TYPE, metrics_text(healthy, age, snap), head_only
+            except Exception:
+                log.exception("health: the metrics failed")
+                return 500, text, b"metrics failed: see the agent's log\n", head_only
         return 404, text, b"not found: try /healthz or /metrics\n", head_only
 
 
-async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str] | None:
-    """The method and path of a request; its headers are read (bounded) and ignored."""
-    first = await reader.readline()
-    total = len(first)
-    while True:
-        line = await reader.readline()
-        total += len(line)
-        if total > MAX_HEAD_BYTES:
-            raise ValueError("request head too large")
-        if line in (b"\r\n", b"\n", b""):
-            break
+def _victim(conns: list[_Conn]) -> _Conn:
+    """Which of a peer's connections (oldest first) to end for a new one: one already
+    answered, else one that sent part of a head (slow by proof: a client sends its head at
+    once), else the oldest silent one (a probe may be a moment away from its request)."""
+    return min(conns, key=lambda c: 0 if c.outbox is not None else 1 if c.inbox else 2)
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            408: "Request Timeout", 500: "Internal Server Error", 503: "Service Unavailable"}
+_INCOMPLETE: Any = object()  # the head is not all there yet
+_TIMED_OUT: Any = ("", "")  # a request that took longer than the read timeout
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+
+
+def _parse_head(data: bytes, eof: bool) -> Any:
+    """The method and path of a request head (headers ignored), None if it is not one,
+    _INCOMPLETE while more may come."""
+    end = _HEAD_END.search(data)
+    if end is None or end.start() > MAX_HEAD_BYTES:
+        return None if eof or len(data) > MAX_HEAD_BYTES else _INCOMPLETE
+    first = data[:end.start()].split(b"\n", 1)[0]
     parts = first.decode("latin-1").split()
     if len(parts) != 3 or not parts[2].startswith("HTTP/"):
         return None
     return parts[0], parts[1].split("?", 1)[0]
+
+
+def _peer_key(address: str) -> str:
+    """Whose connection this is, for the per-peer limit: the IPv4 address, or the /64 of an
+    IPv6 one (one host or one tenant is routinely given a whole /64)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host`` (an address or a name; ``::`` is every interface of
+    both families where the system allows it)."""
+    family, _, _, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                  flags=socket.AI_PASSIVE)[0]
+    both = (family == socket.AF_INET6 and ipaddress.ip_address(address[0]).is_unspecified
+            and socket.has_dualstack_ipv6())
+    return socket.create_server(address[:2], family=family, backlog=BACKLOG,
+                                dualstack_ipv6=both)
+
+
+def _shown(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 class HealthCheck:
@@ -369,9 +541,10 @@ class HealthCheck:
     """
 
     def __init__(self, port: int | None, snapshot: Callable[[], Snapshot],
-                 say: Callable[[str], None], *, bound_s: float = LIVENESS_BOUND_S,
-                 interval: float = BEAT_INTERVAL_S) -> None:
+                 say: Callable[[str], None], *, host: str = DEFAULT_HOST,
+                 bound_s: float = LIVENESS_BOUND_S, interval: float = BEAT_INTERVAL_S) -> None:
         self.port = port
+        self.host = host
         self._snapshot = snapshot
         self._say = say
         self._interval = interval
@@ -384,18 +557,20 @@ class HealthCheck:
         port, warning = resolve_port(getattr(agent.cfg, "health_check_port", None))
         if warning:
             agent.say(warning)
-        return cls(port, lambda: snapshot_of(agent), agent.say)
+        return cls(port, lambda: snapshot_of(agent), agent.say,
+                   host=getattr(agent.cfg, "health_check_host", DEFAULT_HOST))
 
     def start(self) -> None:
         if self.port is None or self._server is not None:
             return
         with contextlib.suppress(Exception):  # the beat task logs a broken snapshot
             self.heartbeat.beat(self._snapshot())
-        self._server = HealthServer(self.heartbeat, self.port)
+        self._server = HealthServer(self.heartbeat, self.port, self.host)
         port = self._server.start()
         self._task = asyncio.get_running_loop().create_task(
             beat_forever(self.heartbeat, self._snapshot, self._interval), name="health-beat")
-        self._say(f"health check on port {port}: GET /healthz (liveness), /metrics (Prometheus)")
+        self._say(f"health check on {_shown(self.host)}:{port}: GET /healthz (liveness), "
+                  "/metrics (Prometheus)")
 
     def stop(self) -> None:
         if self._task is not None:

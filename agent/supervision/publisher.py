@@ -158,6 +158,10 @@ class StreamPublisher:
         max_records / max_bytes: the buffer bound. Records waiting to be sent (not the batch
             in flight, itself at most ``max_batch`` records) never exceed either.
         max_batch: at most this many records per pipeline.
+        max_batch_bytes: and about this many bytes (one record may be bigger): on a client
+            shared with the agent's heartbeats, a pipeline is what they may have to wait for.
+        close_client: close the client at ``close()``; False for a client the caller shares
+            (the agent's writer, issue 21) and closes itself.
 
     Lifecycle: ``await start()``, any number of ``publish*`` calls (they may also come before
     ``start``), ``await close()``. ``flush()`` waits until everything published so far is sent.
@@ -171,11 +175,14 @@ class StreamPublisher:
         max_records: int = 100_000,
         max_bytes: int = 64 * 1024 * 1024,
         max_batch: int = 1_000,
+        max_batch_bytes: int = 256 * 1024,
+        close_client: bool = True,
         retry_base: float = 0.05,
         retry_cap: float = 1.0,
     ) -> None:
-        if max_records < 1 or max_bytes < 1 or max_batch < 1:
-            raise ValueError("max_records, max_bytes and max_batch must be positive")
+        if max_records < 1 or max_bytes < 1 or max_batch < 1 or max_batch_bytes < 1:
+            raise ValueError("max_records, max_bytes, max_batch and max_batch_bytes must be "
+                             "positive")
         if callable(target):
             self._factory: ClientFactory = target
         else:
@@ -190,6 +197,8 @@ class StreamPublisher:
         self.max_records = max_records
         self.max_bytes = max_bytes
         self.max_batch = max_batch
+        self.max_batch_bytes = max_batch_bytes
+        self._close_client = close_client
         self._retry_base = retry_base
         self._retry_cap = retry_cap
 
@@ -359,8 +368,9 @@ class StreamPublisher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self._client is not None:
-            with contextlib.suppress(Exception):
-                await self._client.aclose()
+            if self._close_client:
+                with contextlib.suppress(Exception):
+                    await self._client.aclose()
             self._client = None
         left = self.buffered
         for _, fut in self._waiters:
@@ -445,12 +455,14 @@ class StreamPublisher:
         return self._linger_due - time.monotonic()
 
     def _take(self) -> list[Record]:
-        """Take up to ``max_batch`` records in ``seq`` order, the drop marker in its place."""
+        """Take up to ``max_batch`` records (and about ``max_batch_bytes``) in ``seq`` order,
+        the drop marker in its place."""
         self._linger_due = math.inf
         self._urgent = False
         batch: list[Record] = []
         dq, kq = self._drop_q, self._keep_q
-        while len(batch) < self.max_batch:
+        size = 0
+        while len(batch) < self.max_batch and size < self.max_batch_bytes:
             d = dq[0].seq if dq else math.inf
             k = kq[0].seq if kq else math.inf
             m = self._marker_seq if self._episode_records else math.inf
@@ -461,6 +473,7 @@ class StreamPublisher:
                 break
             rec = dq.popleft() if d < k else kq.popleft()
             self._bytes -= rec.size
+            size += rec.size
             if rec.payload is not None:
                 rec.open = False
                 self._open.discard(rec)

@@ -71,31 +71,36 @@ JITTER_MS = 1_000
 FRAMES_PER_GROUP = 12
 POLICIES = ("observe", "restart", "stop")
 
-# KEYS: progress hash, the round's stall key. ARGV: node, age of the node's newest progress
-# (ms), timeout (ms), the round's start (server ms), lease (ms), jitter (ms), the round's
-# member nodes... Returns {claimed 0/1, idle ms, the job's newest progress ms}. A field that
-# is not a number, or is more than a minute ahead of the server clock, is not progress
-# (hostile or garbage): it could otherwise hide every stall of the job. A progress time is
-# "server now - local age": the same progress, written again, moves by the round trip's
-# jitter; only a move of more than ``jitter`` is new progress (or the same stall would be
-# claimed again and again).
+# KEYS: progress hash, the round's stall key, the job's newest progress. ARGV: node, age of
+# the node's newest progress (ms), timeout (ms), the round's start (server ms), lease (ms),
+# jitter (ms), round. Returns {claimed 0/1, idle ms, the job's newest progress ms}.
+# O(1) in the job's size: each node keeps its own field (for readers) and raises one shared
+# value, "<round> <ms>", the newest progress of any member of the round; nothing walks the
+# members. A value that is not a number, or is more than a minute ahead of the server clock,
+# is not progress (hostile or garbage): it could otherwise hide every stall of the job, and
+# the next member's write replaces it. A progress time is "server now - local age": the same
+# progress, written again, moves by the round trip's jitter; only a move of more than
+# ``jitter`` is new progress (or the same stall would be claimed again and again).
 _REPORT_AND_CLAIM = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ahead = now + 60000
 local mine = now - tonumber(ARGV[2])
-local held = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '')
 local jitter = tonumber(ARGV[6])
+local round = ARGV[7]
+local held = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '')
 if held == nil or held ~= held or held < mine - jitter or held > ahead then
   redis.call('HSET', KEYS[1], ARGV[1], mine)
 end
 local newest = tonumber(ARGV[4])
-if #ARGV >= 7 then
-  local values = redis.call('HMGET', KEYS[1], unpack(ARGV, 7))
-  for _, v in ipairs(values) do
-    local n = v and tonumber(v)
-    if n and n <= ahead and n > newest then newest = n end
-  end
+local shared = redis.call('GET', KEYS[3])
+local r, ms = nil, nil
+if shared then r, ms = string.match(shared, '^(%d+) (%d+)$') end
+ms = tonumber(ms or '')
+if r == round and ms and ms == ms and ms <= ahead and ms > newest then newest = ms end
+if mine > newest + jitter or (r ~= round and mine > newest) or (ms and ms > ahead) then
+  redis.call('SET', KEYS[3], round .. ' ' .. mine)
+  if mine > newest then newest = mine end
 end
 local idle = now - newest
 if idle < tonumber(ARGV[3]) then return {0, idle, newest} end
@@ -239,14 +244,14 @@ class StallWatch:
         self.emit = emit
         self._request_stacks = request_stacks or stack_replies.request_stacks
 
-    async def watch(self, round_: int, started_ms: int, members: Sequence[str],
+    async def watch(self, round_: int, started_ms: int,
                     workers: Callable[[], Iterable[Any]]) -> Stall:
         """Report every stall of round ``round_``; return the first one whose policy is
         not ``observe`` (the caller restarts or stops). Never raises for Redis trouble: an
         outage only pauses the detection."""
         self.meter.reset()
         while True:
-            stall = await self._next_claim(round_, started_ms, members, workers)
+            stall = await self._next_claim(round_, started_ms, workers)
             data = await self._report(stall[0], round_)
             result = Stall(stall[0], stall[1], data)
             with contextlib.suppress(redis.RedisError, OSError):
@@ -254,27 +259,27 @@ class StallWatch:
             if self.policy != "observe":
                 return result
 
-    async def _next_claim(self, round_: int, started_ms: int, members: Sequence[str],
+    async def _next_claim(self, round_: int, started_ms: int,
                           workers: Callable[[], Iterable[Any]]) -> tuple[int, int]:
         while True:
             await asyncio.sleep(self.interval)  # CPU time has no event: a sample is due
             last = self.meter.sample(workers())
             age_ms = max(0, int((time.monotonic() - last) * 1000))
             try:
-                claimed, idle, newest = await self.check(round_, started_ms, members, age_ms)
+                claimed, idle, newest = await self.check(round_, started_ms, age_ms)
             except (redis.RedisError, OSError, TypeError, ValueError) as exc:
                 log.debug("stall check: %s", exc)
                 continue
             if claimed:
                 return idle, newest
 
-    async def check(self, round_: int, started_ms: int, members: Sequence[str],
-                    age_ms: int) -> tuple[bool, int, int]:
+    async def check(self, round_: int, started_ms: int, age_ms: int) -> tuple[bool, int, int]:
         """Write this node's newest progress (``age_ms`` ago) and claim a stall of the job if
         there is one: ``(claimed, idle ms, the job's newest progress ms)``."""
         reply = await self.client.eval(
-            _REPORT_AND_CLAIM, 2, self.keys.progress, self.keys.stall(round_), self.node_id,
-            int(age_ms), self.timeout_ms, int(started_ms), self.lease_ms, self.jitter_ms, *members)
+            _REPORT_AND_CLAIM, 3, self.keys.progress, self.keys.stall(round_),
+            self.keys.progress_newest, self.node_id, int(age_ms), self.timeout_ms,
+            int(started_ms), self.lease_ms, self.jitter_ms, int(round_))
         claimed, idle, newest = (int(x) for x in reply)
         return bool(claimed), idle, newest
 

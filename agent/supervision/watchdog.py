@@ -26,6 +26,12 @@ What differs from torch 2.13, on purpose:
   kill is an ordinary worker failure, reported (``worker_timer_expired`` event, then the
   worker's exit, whose message names the timer) and restarted under ``--max-restarts``.
 * Expiry is a loop timer at the deadline, not a 0.1 s polling loop; the FIFO is an event source.
+* torch replaces whatever is at ``TORCHELASTIC_TIMER_FILE``. Here only a FIFO of this user
+  (a previous run's) is replaced; a file, a symlink or another user's FIFO (in a shared
+  sticky directory such as /tmp, where it could not even be removed) stops the agent with one
+  line before any worker starts, and is left alone. What is opened must be the FIFO just made
+  (``O_NOFOLLOW``, then ``fstat``: type, owner, inode), so a path swapped between ``mkfifo``
+  and ``open`` is refused too.
 * The FIFO is writable by every worker, so its input is hostile: a line is at most
   ``MAX_REQUEST_BYTES`` (torch's client refuses larger requests: PIPE_BUF keeps them atomic),
   every field is type-checked in :func:`decode_request`, timers are bounded per process and
@@ -240,6 +246,7 @@ class Watchdog:
         self._keep_open: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._made_fifo = False
+        self._fifo_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the FIFO made
         self.stats = WatchdogStats()
 
     @classmethod
@@ -285,24 +292,36 @@ class Watchdog:
     async def start(self) -> None:
         """Make the FIFO and read it on the running loop. No-op when disabled.
 
-        An existing FIFO at the path (a previous run's) is replaced, as torch does; anything
-        else there is refused with WatchdogError (torch would delete it).
+        An existing FIFO of this user at the path (a previous run's) is replaced, as torch
+        does; anything else there (another user's FIFO, a file, a symlink) is refused with
+        WatchdogError: torch would delete it, or stop on a raw PermissionError in a sticky
+        directory such as /tmp. What is opened is checked, not only what was made: no
+        symlink is followed, and both ends must be one FIFO of this user (in a directory
+        others may write, the path could be swapped between ``mkfifo`` and ``open``).
         """
         if self.path is None or self._transport is not None:
             return
         self._loop = asyncio.get_running_loop()
         self._make_fifo(self.path)
+        fd = -1
         try:
             # Non-blocking: no writer yet. Our own idle write end keeps the reader from seeing
             # EOF each time a client closes (the loop would spin on it otherwise).
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            self._keep_open = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            flags = os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
+            fd = os.open(self.path, os.O_RDONLY | flags)
+            self._keep_open = os.open(self.path, os.O_WRONLY | flags)
+            _check_own_fifo(fd, self._keep_open, self._fifo_id, self.path)
             self._transport, _ = await self._loop.connect_read_pipe(
                 lambda: _FifoProtocol(self._on_line), open(fd, "rb", buffering=0))  # noqa: SIM115
-        except OSError as exc:
+        except (OSError, WatchdogError) as exc:
+            if fd >= 0 and self._transport is None:
+                os.close(fd)
             self.close()
-            raise WatchdogError(f"cannot open the watchdog FIFO {self.path}: "
-                                f"{exc.strerror or exc}") from None
+            if isinstance(exc, WatchdogError):
+                raise
+            why = ("it was replaced by a symlink" if exc.errno == errno.ELOOP
+                   else exc.strerror or exc)
+            raise WatchdogError(f"cannot open the watchdog FIFO {self.path}: {why}") from None
         self._say(f"watchdog: serving torch's file timers at {self.path} "
                   f"({FILE_ENV} of every worker)")
 
@@ -317,14 +336,26 @@ class Watchdog:
             if not stat.S_ISFIFO(st.st_mode):
                 raise WatchdogError(f"{FILE_ENV}={path} exists and is not a FIFO: refusing to "
                                     "replace it (remove it, or name another path)")
-            with contextlib.suppress(FileNotFoundError):
+            if st.st_uid != os.geteuid():
+                raise WatchdogError(f"{FILE_ENV}={path} is another user's FIFO (uid "
+                                    f"{st.st_uid}): refusing to use or replace it (name a path "
+                                    f"in a directory of your own, or unset {FILE_ENV} for a "
+                                    "private one)")
+            try:
                 os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise WatchdogError(f"cannot replace the old watchdog FIFO {path}: "
+                                    f"{exc.strerror or exc}") from None
         try:
             os.mkfifo(path, 0o600)
+            made = os.lstat(path)
         except OSError as exc:
             raise WatchdogError(f"cannot create the watchdog FIFO {path}: "
                                 f"{exc.strerror or exc}") from None
         self._made_fifo = True
+        self._fifo_id = (made.st_dev, made.st_ino)
 
     def close(self) -> None:
         """Stop serving: cancel every timer, close the FIFO and remove what ``start`` made."""
@@ -338,8 +369,14 @@ class Watchdog:
             self._keep_open = None
         if self._made_fifo and self.path is not None:
             with contextlib.suppress(OSError):
-                os.unlink(self.path)
+                st = os.lstat(self.path)
+                # Only the FIFO this agent made, never what took its place (which may have
+                # the freed inode's number: the owner is checked too).
+                if (self._fifo_id == (st.st_dev, st.st_ino) and stat.S_ISFIFO(st.st_mode)
+                        and st.st_uid == os.geteuid()):
+                    os.unlink(self.path)
             self._made_fifo = False
+            self._fifo_id = None
         if self._private_dir is not None:
             with contextlib.suppress(OSError):
                 self._private_dir.rmdir()
@@ -513,6 +550,18 @@ class Watchdog:
             return res
         return replace(res, failures=tuple(map(self.explain, res.failures)),
                        exits=tuple(map(self.explain, res.exits)))
+
+
+def _check_own_fifo(read_fd: int, write_fd: int, made: tuple[int, int] | None,
+                    path: Path) -> None:
+    """WatchdogError unless both descriptors opened the FIFO this agent made (``made``: its
+    st_dev and st_ino), a FIFO owned by this user."""
+    st, other = os.fstat(read_fd), os.fstat(write_fd)
+    if (not stat.S_ISFIFO(st.st_mode) or st.st_uid != os.geteuid()
+            or (st.st_dev, st.st_ino) != made or (other.st_dev, other.st_ino) != made):
+        raise WatchdogError(f"the watchdog FIFO {path} was replaced by another file between "
+                            f"its creation and its opening: refusing it (name a path in a "
+                            f"directory of your own, or unset {FILE_ENV} for a private one)")
 
 
 def live_workers(group: WorkerGroup) -> dict[int, WorkerRef]:

@@ -36,6 +36,7 @@ import errno
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import stat
@@ -674,7 +675,7 @@ class WorkerGroup:
                 log.warning("the keeper started ahead of time failed (%s): starting one now",
                             exc)
             else:
-                if not spare.exited.done():
+                if not spare.exited.done() and not _hung_up(spare.sock):
                     return spare
                 spare.close()
         return await self._spawn_keeper(loop)
@@ -1184,6 +1185,15 @@ class WorkerGroup:
 
 
 # -- helpers -------------------------------------------------------------------------------
+
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the other end of an idle keeper's socket is closed (the keeper died): it writes
+    nothing before its request, so anything to read is its EOF. Seen before the loop has
+    reaped the keeper, which would take a moment longer."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN | select.POLLHUP)
+    return bool(poller.poll(0))
+
 
 def _signal_number(sig: int | str) -> int:
     if isinstance(sig, str):

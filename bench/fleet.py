@@ -1,0 +1,731 @@
+"""A fleet of simulated nodes against one real redis-server: the job at 256 to 4,096 nodes.
+
+Each simulated node runs the agent's own coordination code: the rendezvous (``RedisRendezvous``:
+join, heartbeats from its thread, the membership summary every keep-alive interval), the
+command stream and its acks (``decode_command``, ``EventSink`` through a ``StreamPublisher``),
+resource samples (``ResourceSampler.run``), stall progress (``StallWatch.check``) and stack
+replies (``StackCollector.publish``). Only the workers are fake: no process is spawned, a
+node "runs" ``--nproc-per-node`` ranks whose samples and stacks are made up. Every node holds
+two Redis connections, as an agent does: one for its writes and scripts, one for its
+blocking reads (the commands, the rendezvous notify and joins streams in one XREAD).
+
+The nodes are packed into as many processes as there are cores; each process runs its nodes
+on one event loop, the rendezvous through ``AsyncRedisRendezvous`` (the agent's steps and
+scripts, driven by asyncio instead of a thread per node: 2,048 threads a process hopping to
+the loop for every call would be the bench measuring itself). For each N it prints:
+
+* forming: from the moment all nodes are released together until every node holds its rank;
+* steady state over ``--steady`` seconds (heartbeats, summaries, progress, samples, no logs):
+  Redis CPU as % of one core (``INFO cpu``), commands/s, memory, connections per node and in
+  total, script calls per node per heartbeat interval, and whether any node was called lost;
+* a lost node (its heartbeats stopped, nothing said): until the survivors hold a new round;
+* a ``restart`` command: until every node acked it, and until every node's "workers" started
+  again in the new round;
+* a ``stacks`` request for every rank: until the console side has every rank's reply grouped;
+* torch's c10d rendezvous at the same N (threads on a TCPStore, bench/rendezvous_bench.py),
+  where it forms within ``--c10d-timeout``, and the ratio.
+
+Goals (issue 21), checked here and printed as held or not: forming 1,024 nodes <= 1 s and
+4,096 <= 3 s; at 4,096 nodes Redis under 25% of a core in steady state and no node falsely
+lost; a lost node -> the new round within heartbeat timeout + 2 s; ``restart`` acked by every
+node within 2 s; the stacks of every rank grouped within 10 s.
+
+    python bench/fleet.py [--nodes 256,1024,4096] [--steady 20] [--c10d-timeout 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import os
+import random
+import resource
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from elastic_agent.coordination import protocol
+from elastic_agent.coordination.connection import make_client
+from elastic_agent.coordination.protocol import Command, CommandType, EventType, JobKeys
+from elastic_agent.coordination.rendezvous import (
+    AsyncRedisRendezvous,
+    RendezvousResult,
+    RendezvousSettings,
+)
+from elastic_agent.coordination.stack_dumps import RankStack, group_stacks, parse_faulthandler
+from elastic_agent.coordination.stack_replies import request_stacks
+from elastic_agent.supervision.events import EventSink, ResourceSampler
+from elastic_agent.supervision.job_records import JobRecords
+from elastic_agent.supervision.publisher import StreamPublisher
+from elastic_agent.supervision.stacks import StackCollector
+from elastic_agent.supervision.stall import StallWatch, interval_for
+from elastic_agent.supervision.standalone import RedisServer
+
+BLOCK_MS = 30_000
+
+_STACK = """Thread 0x00007f0000000001 (most recent call first):
+  File "/opt/train.py", line {line} in {fn}
+  File "/opt/train.py", line 40 in main
+  File "/opt/train.py", line 44 in <module>
+"""
+
+
+# -- one node -----------------------------------------------------------------------------
+
+def one_connection(url: str, blocking: bool) -> aioredis.Redis:
+    """A client whose pool holds exactly one connection (callers queue for it)."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=1, timeout=None,
+        socket_timeout=(BLOCK_MS / 1000 + 10) if blocking else 30, socket_connect_timeout=10)
+    return aioredis.Redis(connection_pool=pool)
+
+
+class FakeSampler(ResourceSampler):
+    """The agent's sampler with made-up workers: the write path is the real one."""
+
+    def __init__(self, client: aioredis.Redis, job: str, node: str, ranks: range) -> None:
+        super().__init__(client, job, node)
+        self.ranks = ranks
+
+    def sample(self) -> dict[int, dict[str, Any]]:
+        now = time.time()
+        return {r: {"rank": r, "node": self._node, "pid": 10_000 + r, "cpu": 99.5,
+                    "rss": 1 << 30, "threads": 12, "ts": now} for r in self.ranks}
+
+
+class SimNode:
+    """One simulated agent. ``events`` receives (kind, node index, time.time(), detail)."""
+
+    def __init__(self, index: int, url: str, job: str, settings: RendezvousSettings,
+                 nproc: int, report: Callable[[str, int, float, Any], None]) -> None:
+        self.index = index
+        self.job = job
+        self.keys = JobKeys(job)
+        self.report = report
+        self.nproc = nproc
+        self.settings = settings
+        self.node_id = f"sim{index:05d}-{uuid.uuid4().hex[:6]}"
+        self.writer = one_connection(url, blocking=False)
+        self.reader = one_connection(url, blocking=True)
+        self.rdzv = AsyncRedisRendezvous(url, job, settings, local_addr="127.0.0.1",
+                                         node_id=self.node_id, nproc=nproc,
+                                         client=self.writer, reader=self.reader)
+        self.publisher = StreamPublisher(lambda: self.writer)
+        self.events = EventSink(self.publisher, job, self.node_id)
+        self.records = JobRecords(self.writer, job, self.keys.logs(self.node_id))
+        self.result: RendezvousResult | None = None
+        self.started_ms = 0
+        self.tasks: list[asyncio.Task[Any]] = []
+        self.dead = False
+        self.restart_after_ms = 0
+
+    async def connect(self) -> None:
+        await self.writer.ping()
+        await self.reader.ping()
+
+    async def rendezvous(self) -> RendezvousResult:
+        result = await self.rdzv.next_rendezvous()
+        self.result = result
+        self.started_ms = result.completed_ms
+        return result
+
+    @property
+    def ranks(self) -> range:
+        assert self.result is not None
+        return range(self.result.base_rank, self.result.base_rank + self.nproc)
+
+    def start_workers(self) -> None:
+        assert self.result is not None
+        self.events.emit(EventType.WORKERS_STARTED, round=self.result.round,
+                         attempt=self.result.round, restart_count=0, ranks=list(self.ranks),
+                         local_ranks=list(range(self.nproc)),
+                         pids=[10_000 + r for r in self.ranks], host="fleet")
+
+    async def run(self, formed: Callable[[], Any]) -> None:
+        """``formed()`` after the first round; it returns when every node of this process
+        has formed: what a node does next would otherwise take this process's CPU from the
+        nodes still forming (agents each have a host of their own)."""
+        await self.publisher.start()
+        await self.rendezvous()
+        self.report("formed", self.index, time.time(), time.process_time())
+        await formed()
+        self.start_workers()
+        sampler = FakeSampler(self.writer, self.job, self.node_id, self.ranks)
+        self.tasks = [asyncio.create_task(sampler.run()),
+                      asyncio.create_task(self.progress())]
+        await self.watch()
+
+    async def progress(self) -> None:
+        """Stall progress, as StallWatch writes it for a job whose ranks compute."""
+        stall = StallWatch(self.writer, self.reader, self.job, self.node_id, "fleet", 300,
+                           "observe", {}, self.events.emit)
+        interval = interval_for(300)
+        await asyncio.sleep(random.uniform(0, interval))  # agents start at different times
+        while True:
+            assert self.result is not None
+            with contextlib.suppress(redis.RedisError, OSError):
+                await stall.check(self.result.round, self.started_ms, 0)
+            await asyncio.sleep(interval)
+
+    async def watch(self) -> None:
+        """The agent's membership watch and command reader over one blocking connection:
+        the summary every keep-alive interval, or at once when the rendezvous or the command
+        stream says something."""
+        streams: dict[str, str] = {}
+        for key in (self.keys.rdzv_notify, self.keys.rdzv_joins, self.keys.commands):
+            last = await self.writer.xrevrange(key, count=1)
+            streams[key] = last[0][0].decode() if last else "0-0"
+        interval_ms = int(self.settings.keep_alive_interval * 1000)
+        while True:
+            assert self.result is not None
+            with contextlib.suppress(redis.RedisError, OSError):
+                await self.records.reseed()  # as the agent's watch does every interval
+            m, newly = await self.rdzv.lost_since_last_check()
+            for node in newly:
+                self.events.emit(EventType.NODE_LOST, lost_node=node, host="fleet")
+            reform = (m.round > self.result.round or self.rdzv.waiting_count(m) > 0
+                      or self.restart_after_ms > self.started_ms)
+            if reform:
+                self.restart_after_ms = 0
+                await self.rendezvous()
+                self.report("reformed", self.index, time.time(), self.result.round)
+                self.start_workers()
+                continue
+            reply = await self.reader.xread(streams, block=interval_ms, count=100)
+            for key, entries in reply or []:
+                k = key.decode()
+                for entry_id, fields in entries:
+                    streams[k] = entry_id.decode()
+                    if k == self.keys.commands:
+                        await self.command(entry_id, fields)
+
+    async def command(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+        cmd = protocol.decode_command(entry_id, fields)
+        if isinstance(cmd, str):
+            return
+        if cmd.type == CommandType.STACKS:
+            assert self.result is not None
+            odd = self.result.total_workers - 1  # the job's last rank is somewhere else
+            stacks = [RankStack(r, self.node_id, "fleet", 10_000 + r, parse_faulthandler(
+                _STACK.format(line=17 if r == odd else 12,
+                              fn="straggler" if r == odd else "all_reduce")))
+                      for r in self.ranks]
+            await StackCollector(None, self.writer, self.job, self.node_id, "fleet").publish(
+                cmd.id, stacks)
+            self.ack(cmd.id, "done", f"stacks of {len(stacks)} ranks published")
+            return
+        self.ack(cmd.id, "accepted", f"{cmd.type} from {cmd.issuer}")
+        if cmd.type == CommandType.RESTART and protocol.stream_id_ms(cmd.entry_id) >= self.started_ms:
+            self.restart_after_ms = protocol.stream_id_ms(cmd.entry_id)
+
+    def ack(self, command_id: str, status: str, reason: str) -> None:
+        self.events.emit(EventType.COMMAND_ACK, command_id=command_id, status=status,
+                         reason=reason, host="fleet")
+
+    def kill(self) -> None:
+        """The host dies: no leave, no more heartbeats, nothing read or written."""
+        self.dead = True
+        self.rdzv.stop_heartbeats()
+        for t in self.tasks:
+            t.cancel()
+
+
+def raise_fd_limit() -> int:
+    """Open files up to the hard limit (the server and the fleet hold 2 sockets per node)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return hard
+    return soft
+
+
+# -- one process of nodes ------------------------------------------------------------------
+
+class _Barrier:
+    """Every node of this process formed (see SimNode.run)."""
+
+    def __init__(self, count: int) -> None:
+        self.left = count
+        self.event = asyncio.Event()
+
+    async def formed(self) -> None:
+        self.left -= 1
+        if self.left <= 0:
+            self.event.set()
+        await self.event.wait()
+
+
+def _fleet_process(conn: Any, url: str, job: str, first: int, count: int, nproc: int,
+                   settings: RendezvousSettings) -> None:
+    raise_fd_limit()
+    asyncio.run(_fleet_main(conn, url, job, first, count, nproc, settings))
+
+
+async def _fleet_main(conn: Any, url: str, job: str, first: int, count: int, nproc: int,
+                      settings: RendezvousSettings) -> None:
+    loop = asyncio.get_running_loop()
+    reports: list[tuple[str, int, float, Any]] = []
+    lock = threading.Lock()
+
+    def report(kind: str, index: int, at: float, detail: Any) -> None:
+        with lock:
+            reports.append((kind, index, at, detail))
+
+    nodes = [SimNode(first + i, url, job, settings, nproc, report)
+             for i in range(count)]
+    for i in range(0, count, 256):
+        await asyncio.gather(*(n.connect() for n in nodes[i:i + 256]))
+    barrier = _Barrier(count)
+    conn.send(("ready", count))
+    runs: list[asyncio.Task[None]] = []
+    while True:
+        msg = await loop.run_in_executor(None, conn.recv)
+        kind = msg[0]
+        if kind == "go":
+            await asyncio.sleep(max(0.0, msg[1] - time.time()))
+            report("released", first, time.time(), time.process_time())
+            runs = [asyncio.create_task(n.run(barrier.formed)) for n in nodes]
+        elif kind == "kill":
+            victim = nodes[msg[1] - first]
+            victim.kill()
+            runs[msg[1] - first].cancel()
+            conn.send(("killed", time.time()))
+        elif kind == "reports":
+            with lock:
+                out = list(reports)
+                reports.clear()
+            conn.send(("reports", out))
+        elif kind == "stop":
+            for t in runs:
+                t.cancel()
+            for n in nodes:
+                n.rdzv.stop_heartbeats()
+            await asyncio.gather(*runs, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.gather(
+                    *(n.publisher.close(flush_timeout=0.5) for n in nodes),
+                    return_exceptions=True), 10)
+            await asyncio.gather(*(c.aclose() for n in nodes for c in (n.writer, n.reader)),
+                                 return_exceptions=True)
+            conn.send(("stopped",))
+            # Threads still wait on calls into this loop (a killed node's last read): no
+            # interpreter shutdown that would join them.
+            os._exit(0)
+
+
+class Fleet:
+    """The processes of one run, driven from the bench's main process."""
+
+    def __init__(self, url: str, job: str, n: int, procs: int, nproc: int,
+                 settings: RendezvousSettings) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conns = []
+        self.procs = []
+        self.owner: dict[int, int] = {}
+        per = -(-n // procs)
+        for p in range(procs):
+            first, count = p * per, min(per, n - p * per)
+            if count <= 0:
+                break
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_fleet_process,
+                               args=(child, url, job, first, count, nproc, settings), daemon=True)
+            proc.start()
+            self.conns.append(parent)
+            self.procs.append(proc)
+            for i in range(first, first + count):
+                self.owner[i] = p
+        self.reports: list[tuple[str, int, float, Any]] = []
+
+    def wait_ready(self, timeout: float) -> None:
+        for c in self.conns:
+            if not c.poll(timeout):
+                raise RuntimeError("a fleet process did not get its nodes connected in time")
+            c.recv()
+
+    def go(self, at: float) -> None:
+        for c in self.conns:
+            c.send(("go", at))
+
+    def collect(self) -> list[tuple[str, int, float, Any]]:
+        for c in self.conns:
+            c.send(("reports",))
+        for c in self.conns:
+            self.reports.extend(c.recv()[1])
+        return self.reports
+
+    def kill(self, index: int) -> float:
+        c = self.conns[self.owner[index]]
+        c.send(("kill", index))
+        return c.recv()[1]
+
+    def stop(self) -> None:
+        for c in self.conns:
+            with contextlib.suppress(OSError, BrokenPipeError):
+                c.send(("stop",))
+        for c, p in zip(self.conns, self.procs):
+            with contextlib.suppress(OSError, EOFError):
+                if c.poll(30):
+                    c.recv()
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+
+
+# -- the main process ------------------------------------------------------------------------
+
+def _wait(cond: Callable[[], Any], timeout: float, step: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(step)  # polling Redis from the bench's side: the nodes are elsewhere
+    return None
+
+
+def _redis_cpu(info: dict[str, Any]) -> float:
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def _script_calls(stats: dict[str, Any]) -> int:
+    return sum(int(v.get("calls", 0)) for k, v in stats.items()
+               if k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+def _acks(r: redis.Redis, job: str, command_id: str, since: str) -> tuple[int, int]:
+    """(how many nodes acked ``command_id``, server ms of the newest ack) from ``since``."""
+    nodes: set[str] = set()
+    newest = 0
+    last = since
+    while True:
+        entries = r.xrange(JobKeys(job).events, min=f"({last}", count=5000)
+        if not entries:
+            break
+        for entry_id, fields in entries:
+            last = entry_id.decode()
+            ev = protocol.decode_event(entry_id, fields)
+            if ev and ev.type == EventType.COMMAND_ACK and ev.data.get("command_id") == command_id:
+                nodes.add(ev.node)
+                newest = max(newest, protocol.stream_id_ms(last))
+    return len(nodes), newest
+
+
+def _started(r: redis.Redis, job: str, round_: int, since: str) -> tuple[int, int]:
+    nodes: set[str] = set()
+    newest = 0
+    last = since
+    while True:
+        entries = r.xrange(JobKeys(job).events, min=f"({last}", count=5000)
+        if not entries:
+            break
+        for entry_id, fields in entries:
+            last = entry_id.decode()
+            ev = protocol.decode_event(entry_id, fields)
+            if ev and ev.type == EventType.WORKERS_STARTED and ev.data.get("round") == round_:
+                nodes.add(ev.node)
+                newest = max(newest, protocol.stream_id_ms(last))
+    return len(nodes), newest
+
+
+def _server_ms(r: redis.Redis) -> int:
+    s, us = r.time()
+    return s * 1000 + us // 1000
+
+
+def _newest_id(r: redis.Redis, key: str) -> str:
+    last = r.xrevrange(key, count=1)
+    return last[0][0].decode() if last else "0-0"
+
+
+def run_fleet(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Every figure for N nodes on a fresh redis-server."""
+    out: dict[str, Any] = {"nodes": n, "ranks": n * args.nproc_per_node}
+    # An elastic job (--nnodes N/2:N): it forms once all N are in (max), and can re-form
+    # without a node it lost.
+    settings = RendezvousSettings(min_nodes=max(1, n // 2), max_nodes=n, join_timeout=600,
+                                  last_call_timeout=30, heartbeat_timeout=args.heartbeat_timeout,
+                                  keep_alive_interval=args.keep_alive)
+    with RedisServer(extra_args=["--maxclients", str(4 * n + 1000)]) as server:
+        r = make_client(server.url)
+        job = f"fleet-{n}-{uuid.uuid4().hex[:6]}"
+        keys = JobKeys(job)
+        fleet = Fleet(server.url, job, n, args.procs, args.nproc_per_node, settings)
+        try:
+            fleet.wait_ready(timeout=120 + n / 20)
+            # 1. forming: every node released at once
+            release = time.time() + 1.0
+            fleet.go(release)
+            _say(f"N={n}: {n} nodes connected, released")
+            formed = _wait(lambda: len([x for x in fleet.collect() if x[0] == "formed"]) >= n,
+                           timeout=args.form_timeout, step=0.1)
+            times = [x[2] for x in fleet.reports if x[0] == "formed"]
+            out["form_s"] = (max(times) - release) if formed else None
+            # Where the time went, by Redis's clock: the first and last joins, the completion.
+            joins = r.xrange(keys.rdzv_joins, count=n + 10)
+            done = [i for i, f in r.xrange(keys.rdzv_notify) if f.get(b"e") == b"complete"]
+            if joins:
+                out["first_join_s"] = protocol.stream_id_ms(joins[0][0].decode()) / 1000 - release
+                out["last_join_s"] = protocol.stream_id_ms(joins[-1][0].decode()) / 1000 - release
+            if done:
+                out["complete_s"] = protocol.stream_id_ms(done[0].decode()) / 1000 - release
+            # The fleet's own CPU to form (each process, from its release to its last node):
+            # what this machine's cores spent being the nodes rather than serving them.
+            cpu = {}
+            for kind, index, _at, used in fleet.reports:
+                p = fleet.owner[index]
+                if kind == "released":
+                    cpu.setdefault(p, [used, used])[0] = used
+                elif kind == "formed":
+                    cpu.setdefault(p, [used, used])[1] = max(cpu[p][1], used)
+            out["fleet_form_cpu_s"] = max((b - a for a, b in cpu.values()), default=0.0)
+            if not formed:
+                out["form_note"] = f"{len(times)} of {n} nodes formed within {args.form_timeout:g} s"
+                return out
+            # 2. steady state
+            _say(f"N={n}: formed in {out['form_s']:.3f} s (joins from "
+                 f"{_fmt(out.get('first_join_s'))} to {_fmt(out.get('last_join_s'))} s, complete "
+                 f"at {_fmt(out.get('complete_s'))} s; a fleet process spent "
+                 f"{out['fleet_form_cpu_s']:.2f} s of CPU); steady state")
+            time.sleep(args.warmup)
+            r.config_resetstat()
+            info0, t0 = r.info("cpu"), time.monotonic()
+            c0 = int(r.info("stats")["total_commands_processed"])
+            round0 = int(r.hget(keys.rdzv_state, "round"))
+            time.sleep(args.steady)
+            info1, t1 = r.info("cpu"), time.monotonic()
+            c1 = int(r.info("stats")["total_commands_processed"])
+            stats = r.info("commandstats")
+            dt = t1 - t0
+            out["redis_cpu_pct"] = 100 * (_redis_cpu(info1) - _redis_cpu(info0)) / dt
+            out["commands_per_s"] = (c1 - c0) / dt
+            intervals = dt / args.keep_alive
+            out["scripts_per_node_interval"] = _script_calls(stats) / n / intervals
+            out["commands_per_node_interval"] = (c1 - c0) / n / intervals
+            out["used_memory_mib"] = int(r.info("memory")["used_memory"]) / 2**20
+            clients = int(r.info("clients")["connected_clients"]) - 1  # (this bench's own)
+            out["connections"] = clients
+            out["connections_per_node"] = clients / n
+            out["false_lost"] = r.scard(keys.rdzv_lost) + (
+                int(r.hget(keys.rdzv_state, "round")) != round0)
+            # 3. a lost node
+            _say(f"N={n}: Redis {out['redis_cpu_pct']:.1f}% of a core; killing a node")
+            since = _newest_id(r, keys.events)
+            victim = n - 1
+            killed = fleet.kill(victim)
+            want_round = round0 + 1
+
+            def reformed() -> bool:
+                s = r.hmget(keys.rdzv_state, "round", "status")
+                return s[0] is not None and int(s[0]) >= want_round and s[1] == b"complete"
+
+            ok = _wait(reformed, timeout=args.heartbeat_timeout + 60)
+            out["lost_s"] = (time.time() - killed) if ok else None
+            head = json.loads(r.hget(keys.rdzv_state, "head") or b"{}")
+            out["lost_world"] = head.get("world_size")
+            survivors = n - 1
+            _wait(lambda: _started(r, job, want_round, since)[0] >= survivors, 60, 0.2)
+            # 4. restart
+            _say(f"N={n}: new round after {_fmt(out['lost_s'])} s; restart")
+            time.sleep(1.0)
+            since = _newest_id(r, keys.events)
+            cmd = Command(f"c-{uuid.uuid4().hex[:12]}", CommandType.RESTART, "fleet-bench")
+            sent_ms = _server_ms(r)
+            r.xadd(keys.commands, protocol.encode_command(cmd), maxlen=protocol.COMMANDS_MAXLEN,
+                   approximate=True)
+            acked = _wait(lambda: _acks(r, job, cmd.id, since)[0] >= survivors, 60, 0.1)
+            count, newest = _acks(r, job, cmd.id, since)
+            out["restart_acked"] = count
+            out["restart_ack_s"] = (newest - sent_ms) / 1000 if acked else None
+            want_round += 1
+            started = _wait(lambda: _started(r, job, want_round, since)[0] >= survivors, 60, 0.2)
+            count, newest = _started(r, job, want_round, since)
+            out["restart_started_s"] = (newest - sent_ms) / 1000 if started else None
+            # 5. stacks of every rank
+            _say(f"N={n}: restart acked in {_fmt(out['restart_ack_s'])} s; stacks")
+            time.sleep(1.0)
+
+            async def stacks() -> tuple[float, int, int, int]:
+                client = aioredis.Redis.from_url(server.url, socket_timeout=30)
+                try:
+                    t = time.perf_counter()
+                    _, got = await request_stacks(client, job, "fleet-bench", timeout=60)
+                    groups = group_stacks(got)
+                    took = time.perf_counter() - t
+                finally:
+                    await client.aclose()
+                answered = sum(1 for s in got if s.threads)
+                return took, answered, len(got), len(groups)
+
+            took, answered, expected, groups = asyncio.run(stacks())
+            out["stacks_s"] = took
+            out["stacks_answered"] = answered
+            out["stacks_expected"] = expected
+            out["stacks_groups"] = groups
+        finally:
+            fleet.stop()
+            r.close()
+    return out
+
+
+def _c10d_child(n: int, timeout: float, queue: Any) -> None:
+    # torch's c10d warns once per socket at this scale ("hostname of the client socket
+    # cannot be retrieved"): thousands of lines that say nothing about the figure.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from elastic_agent.coordination.ports import free_port
+    from rendezvous_bench import rendezvous_time
+    queue.put(rendezvous_time("c10d", f"127.0.0.1:{free_port()}", n, timeout))
+
+
+def c10d_time(n: int, timeout: float) -> float | None:
+    """torch's c10d rendezvous for ``n`` nodes (threads, one process, as torch's own tests),
+    in a process of its own: a handler that times out leaves threads spinning."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_c10d_child, args=(n, timeout, queue), daemon=True)
+    proc.start()
+    try:
+        return queue.get(timeout=timeout + 60)
+    except Exception:
+        return None
+    finally:
+        proc.kill()
+        proc.join(5)
+
+
+def _say(line: str) -> None:
+    print(f"  [{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
+def _fmt(v: Any, spec: str = ".3f", none: str = "-") -> str:
+    return none if v is None else format(v, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default="256,1024,4096", help="comma-separated node counts")
+    parser.add_argument("--procs", type=int, default=os.cpu_count() or 2,
+                        help="processes the nodes are packed into (default: the cores)")
+    parser.add_argument("--nproc-per-node", type=int, default=8)
+    parser.add_argument("--heartbeat-timeout", type=float, default=10.0)
+    parser.add_argument("--keep-alive", type=float, default=2.0)
+    parser.add_argument("--steady", type=float, default=20.0, help="steady-state window, s")
+    parser.add_argument("--warmup", type=float, default=6.0)
+    parser.add_argument("--form-timeout", type=float, default=120.0)
+    parser.add_argument("--c10d-timeout", type=float, default=60.0,
+                        help="give up on torch's c10d at an N after this many seconds")
+    parser.add_argument("--no-c10d", action="store_true")
+    parser.add_argument("--json", action="store_true", help="also print each N's figures as JSON")
+    args = parser.parse_args(argv)
+    raise_fd_limit()  # the server and the fleet hold 2 sockets per node
+    counts = [int(x) for x in args.nodes.split(",")]
+    print(f"fleet: --nnodes N/2:N, {args.procs} processes, {args.nproc_per_node} ranks a node, "
+          f"heartbeat every "
+          f"{args.keep_alive:g} s, lost after {args.heartbeat_timeout:g} s", flush=True)
+    rows = []
+    c10d_gave_up = False
+    for n in counts:
+        fig = run_fleet(n, args)
+        if args.no_c10d or c10d_gave_up:
+            fig["c10d_s"] = None
+        else:
+            fig["c10d_s"] = c10d_time(n, args.c10d_timeout)
+            c10d_gave_up = fig["c10d_s"] is None  # a larger N will not form either
+        rows.append(fig)
+        print(_report(fig, args), flush=True)
+        if args.json:
+            print(json.dumps(fig), flush=True)
+    print(_table(rows, args))
+    failed = _goals(rows, args)
+    for line in failed:
+        print("goal NOT held: " + line)
+    if not failed:
+        print("every goal held")
+    return 1 if failed else 0
+
+
+def _report(f: dict[str, Any], args: argparse.Namespace) -> str:
+    if f.get("form_s") is None:
+        return f"N={f['nodes']}: did not form ({f.get('form_note')})"
+    c10d = f.get("c10d_s")
+    ratio = f" ({f['form_s'] / c10d:.3f}x)" if c10d else ""
+    return "\n".join([
+        f"N={f['nodes']} nodes, {f['ranks']} ranks",
+        f"  forming: {f['form_s']:.3f} s; torch c10d: "
+        f"{_fmt(c10d, '.3f', f'not formed in {args.c10d_timeout:g} s')}{ratio}",
+        f"  steady: Redis {f['redis_cpu_pct']:.1f}% of a core, {f['commands_per_s']:.0f} "
+        f"commands/s, {f['used_memory_mib']:.1f} MiB, {f['connections']} connections "
+        f"({f['connections_per_node']:.2f} a node); a node per heartbeat interval: "
+        f"{f['scripts_per_node_interval']:.2f} scripts, {f['commands_per_node_interval']:.2f} "
+        f"commands; falsely lost: {f['false_lost']}",
+        f"  lost node -> new round of {f.get('lost_world')}: {_fmt(f.get('lost_s'))} s",
+        f"  restart: acked by {f.get('restart_acked')} nodes in {_fmt(f.get('restart_ack_s'))} s,"
+        f" workers started again in {_fmt(f.get('restart_started_s'))} s",
+        f"  stacks: {f.get('stacks_answered')} of {f.get('stacks_expected')} ranks answered, "
+        f"{f.get('stacks_groups')} groups, in {_fmt(f.get('stacks_s'))} s",
+    ])
+
+
+def _table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    head = ("| nodes | ranks | forming | torch c10d | ratio | Redis CPU | commands/s | memory | "
+            "conn/node | scripts/node/interval | lost node -> new round | restart acked | "
+            "restarted | stacks grouped |")
+    lines = [head, "|" + "---:|" * (head.count("|") - 1)]
+    for f in rows:
+        if f.get("form_s") is None:
+            lines.append(f"| {f['nodes']} | {f['ranks']} | not formed |" + " |" * 11)
+            continue
+        c10d = f.get("c10d_s")
+        lines.append(
+            f"| {f['nodes']:,} | {f['ranks']:,} | {f['form_s']:.2f} s | "
+            f"{_fmt(c10d, '.2f') + ' s' if c10d else f'> {args.c10d_timeout:g} s'} | "
+            f"{_fmt(f['form_s'] / c10d, '.3f') + 'x' if c10d else '-'} | "
+            f"{f['redis_cpu_pct']:.1f}% | {f['commands_per_s']:,.0f} | "
+            f"{f['used_memory_mib']:.0f} MiB | {f['connections_per_node']:.2f} | "
+            f"{f['scripts_per_node_interval']:.2f} | {_fmt(f.get('lost_s'), '.2f')} s | "
+            f"{_fmt(f.get('restart_ack_s'), '.2f')} s | {_fmt(f.get('restart_started_s'), '.2f')} s | "
+            f"{_fmt(f.get('stacks_s'), '.2f')} s |")
+    return "\n".join(lines)
+
+
+def _goals(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
+    failed = []
+    limits = {1024: 1.0, 4096: 3.0}
+    for f in rows:
+        n = f["nodes"]
+        if f.get("form_s") is None:
+            failed.append(f"N={n}: did not form")
+            continue
+        if n in limits and f["form_s"] > limits[n]:
+            failed.append(f"N={n}: forming {f['form_s']:.2f} s > {limits[n]:g} s")
+        if n >= 4096 and f["redis_cpu_pct"] >= 25:
+            failed.append(f"N={n}: Redis {f['redis_cpu_pct']:.1f}% of a core in steady state")
+        if f["false_lost"]:
+            failed.append(f"N={n}: a node was called lost in steady state")
+        if f["connections_per_node"] > 2:
+            failed.append(f"N={n}: {f['connections_per_node']:.2f} connections a node")
+        if f.get("lost_s") is None or f["lost_s"] > args.heartbeat_timeout + 2:
+            failed.append(f"N={n}: lost node -> new round in {_fmt(f.get('lost_s'))} s "
+                          f"> {args.heartbeat_timeout + 2:g} s")
+        if f.get("restart_ack_s") is None or f["restart_ack_s"] > 2:
+            failed.append(f"N={n}: restart acked in {_fmt(f.get('restart_ack_s'))} s > 2 s")
+        if f.get("stacks_s") is None or f["stacks_s"] > 10 or (
+                f.get("stacks_answered") != f.get("stacks_expected")):
+            failed.append(f"N={n}: stacks {f.get('stacks_answered')} of "
+                          f"{f.get('stacks_expected')} in {_fmt(f.get('stacks_s'))} s")
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main())
