@@ -10,7 +10,18 @@ Both launchers run as separate processes with identical flags (``--standalone``,
      launcher's own peak and that of any child it reaped).
   b) a worker crash to all 4 workers running again (examples/crash_timing.py, --max-restarts 1):
      latest worker start time on attempt 1 minus the crash time, from timestamps the workers
-     append to a file (``CRASH_TIMING_FILE``), not from launcher output.
+     append to a file (``CRASH_TIMING_FILE``), not from launcher output. Then the same with
+     workers that ``import torch`` first (bench/crash_timing_torch.py, the start timestamp
+     taken once torch is imported), and for both the peak PSS of the node (the sum of
+     ``Pss`` in /proc/PID/smaps_rollup over the launcher's tree, sampled every 50 ms).
+     elastic-agent's restart is broken down into its phases: it runs with
+     ``--event-log-handler console`` and the ``restart`` field of its second
+     ``workers_started`` event gives, in ms since the agent saw the failure, when the
+     survivors' stacks were captured, the workers stopped, the failure reported, the
+     rendezvous done, the keeper ready and every worker started (docs/PROTOCOL.md); before
+     them the detection (the worker's crash time to the agent's ``detected_at``), after them
+     the workers' own start until they run the script. Each phase's median is printed next
+     to torchrun's whole restart.
   c) 4 workers x ``--lines`` lines (examples/print_lines.py) with ``--tee 3``, launcher output to
      /dev/null: wall time; and the same without ``--tee`` for reference. Every ``--tee`` run is
      checked: each rank's stdout.log holds all its lines (both launchers), and for
@@ -45,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -68,6 +80,7 @@ from elastic_agent.supervision.standalone import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+TORCH_CRASH = ROOT / "bench" / "crash_timing_torch.py"
 NPROC = 4
 LAUNCHERS = ("torchrun", "elastic-agent")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -108,6 +121,18 @@ def tree_pids(root: int) -> list[tuple[int, int]]:
     return out
 
 
+def _pss(pid: int) -> int:
+    """Bytes of ``Pss`` in /proc/PID/smaps_rollup (0 when gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def _cmdline(pid: int) -> bytes | None:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -121,7 +146,10 @@ class TreeSampler(threading.Thread):
 
     A child with its parent's command line is a fork that has not exec'd yet (Python's
     subprocess uses vfork: the child runs in the parent's memory until exec); its RSS is its
-    parent's pages again, so it is not counted a second time.
+    parent's pages again, so it is not counted a second time. Except elastic-agent's
+    zygote's forks (issue 23: its keepers and, by default, its workers), which never exec
+    and are processes of their own: a worker forked by a keeper the zygote forked is a
+    worker, whatever its command line (the zygote's).
     """
 
     def __init__(self, root: int, interval: float, worker_marker: str) -> None:
@@ -131,6 +159,8 @@ class TreeSampler(threading.Thread):
         self.worker_marker = worker_marker.encode()
         self.stop_event = threading.Event()
         self.peak_rss = 0
+        self.peak_pss = 0
+        self.pss = False  # also sum Pss (smaps_rollup: costlier to read than RSS)
         self.samples = 0
         self.seen: dict[int, psutil.Process] = {}
         self.helper_cpu: dict[int, float] = {}
@@ -147,21 +177,33 @@ class TreeSampler(threading.Thread):
         return proc
 
     def sample(self) -> None:
-        total = 0
+        total = pss_total = 0
         cmdlines: dict[int, bytes | None] = {}
+        zygotes: set[int] = set()
+        forked_keepers: set[int] = set()
+        forked_workers: set[int] = set()
         for pid, parent in tree_pids(self.root):
             cmdline = cmdlines[pid] = _cmdline(pid)
             proc = self._proc(pid)
             if proc is None or not cmdline:
                 continue  # gone, or a zombie (empty command line)
-            if parent and cmdline == cmdlines.get(parent):
+            if self.pss:
+                pss_total += _pss(pid)  # a fork shares its parent's pages: Pss splits them
+            zygote = b"zygote.py" in cmdline and b"--worker" not in cmdline
+            if zygote and parent == self.root:
+                zygotes.add(pid)
+            elif zygote and parent in zygotes:
+                forked_keepers.add(pid)
+            elif zygote and (parent in forked_keepers or parent in forked_workers):
+                forked_workers.add(pid)  # a worker, or a fork of one (its CPU is the job's)
+            elif parent and cmdline == cmdlines.get(parent):
                 continue  # forked, not exec'd yet: its parent's pages
             try:
                 total += proc.memory_info().rss
                 if pid == self.root:
                     continue
                 t = proc.cpu_times()
-                if self.worker_marker in cmdline:
+                if self.worker_marker in cmdline or pid in forked_workers:
                     self.worker_cpu[pid] = t.user + t.system
                     self.helper_cpu.pop(pid, None)
                 elif pid not in self.worker_cpu:
@@ -170,6 +212,7 @@ class TreeSampler(threading.Thread):
                 continue
         self.samples += 1
         self.peak_rss = max(self.peak_rss, total)
+        self.peak_pss = max(self.peak_pss, pss_total)
 
     def run(self) -> None:
         while not self.stop_event.is_set():
@@ -200,6 +243,7 @@ class Run:
     error: str = ""
     wall: float = 0.0
     peak_rss: int = 0
+    peak_pss: int = 0
     maxrss: int = 0
     own_cpu: float = 0.0
     tree_cpu: float = 0.0  # exact: the launcher and every descendant it (transitively) reaped
@@ -245,9 +289,11 @@ class Bench:
 
     def run(self, name: str, exe: str, launcher_args: list[str], script: str,
             script_args: list[str], *, sample_interval: float, quiet: bool = False,
-            env_extra: dict[str, str] | None = None, redis_url: str | None = None) -> Run:
+            env_extra: dict[str, str] | None = None, redis_url: str | None = None,
+            agent_args: list[str] | None = None, pss: bool = False) -> Run:
         """Launch once; wait for exit (or time out and kill); collect the figures.
-        ``redis_url``: elastic-agent uses that Redis instead of ``--standalone``'s own."""
+        ``redis_url``: elastic-agent uses that Redis instead of ``--standalone``'s own;
+        ``agent_args``: flags for elastic-agent only; ``pss``: also sample the tree's PSS."""
         self.counter += 1
         run_dir = self.workdir / f"{self.counter:03d}-{name}"
         run_dir.mkdir(parents=True)
@@ -260,7 +306,7 @@ class Bench:
         env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
         if name == "elastic-agent":
             job_id = f"bench-{uuid.uuid4().hex[:12]}"
-            cmd += ["--job-id", job_id]
+            cmd += ["--job-id", job_id, *(agent_args or [])]
             env["ELASTIC_JOB_ID"] = job_id
         else:
             job_id = ""
@@ -296,6 +342,7 @@ class Bench:
             result["usage"] = usage
 
         sampler = TreeSampler(proc.pid, sample_interval, str(EXAMPLES / script))
+        sampler.pss = pss
         sampler.start()
         wait_thread = threading.Thread(target=waiter, daemon=True)
         wait_thread.start()
@@ -324,6 +371,7 @@ class Bench:
 
         run = Run(ok=not timed_out and proc.returncode == 0, leftovers=len(leftovers),
                   samples=sampler.samples, peak_rss=sampler.peak_rss,
+                  peak_pss=sampler.peak_pss,
                   helper_cpu=sum(sampler.helper_cpu.values()),
                   worker_cpu=sum(sampler.worker_cpu.values()))
         if timed_out:
@@ -352,6 +400,8 @@ class Figure:
     unit: str
     goal: float | None = None
     values: dict[str, list[float]] = field(default_factory=dict)
+    #: A phase of elastic-agent's figure ``part_of``: its ratio is to torchrun's whole figure.
+    part_of: Figure | None = None
     failed: dict[str, str] = field(default_factory=dict)
 
     def add(self, launcher: str, value: float) -> None:
@@ -390,7 +440,7 @@ def rounds(launchers: dict[str, str], repeat: int,
 
 
 def bench_a(bench: Bench, launchers: dict[str, str], repeat: int) -> list[Figure]:
-    wall = Figure("a", "a) 4 hello workers, launch to exit: wall", "s", 0.3)
+    wall = Figure("a", "a) 4 hello workers, launch to exit: wall", "s", 0.25)
     peak = Figure("a", "a) peak RSS, sum over process tree (5 ms samples)", "MiB", 0.3)
     maxrss = Figure("a", "a) ru_maxrss of launcher (wait4)", "MiB", None)
     figs = [wall, peak, maxrss]
@@ -408,6 +458,11 @@ def bench_a(bench: Bench, launchers: dict[str, str], repeat: int) -> list[Figure
 
 
 def parse_crash_timing(path: Path) -> float:
+    return crash_times(path)[1] - crash_times(path)[0]
+
+
+def crash_times(path: Path) -> tuple[float, float]:
+    """(the crash's time, the latest restarted worker's start time), from the workers' file."""
     crash = None
     restarted: dict[int, float] = {}
     for line in path.read_text().splitlines():
@@ -419,26 +474,92 @@ def parse_crash_timing(path: Path) -> float:
     if crash is None or len(restarted) != NPROC:
         raise ValueError(f"incomplete timestamps in {path}: crash={crash}, "
                          f"{len(restarted)}/{NPROC} workers restarted")
-    return max(restarted.values()) - crash
+    return crash, max(restarted.values())
+
+
+#: The phases of elastic-agent's restart as the breakdown shows them: (label, the mark that
+#: ends it, in the ``restart`` field of ``workers_started``; see events.RestartClock).
+PHASES = (("detected (crash -> the agent knows)", None),
+          ("survivors' stacks captured", "evidence"),
+          ("workers stopped", "stopped"),
+          ("failure reported, restart counted", "reported"),
+          ("rendezvous done", "rendezvous"),
+          ("keeper ready", "keeper"),
+          ("every worker started (pids)", "started"),
+          ("workers' own start until the script runs", ""))
+
+
+def restart_record(stderr: Path) -> dict | None:
+    """The ``restart`` field of the first ``workers_started`` event that has one, from the
+    agent's ``--event-log-handler console`` lines on its stderr."""
+    try:
+        lines = stderr.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if '"elastic_agent.workers_started"' not in line:
+            continue
+        try:
+            restart = json.loads(line)["metadata"].get("restart")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if isinstance(restart, dict):
+            return restart
+    return None
+
+
+def phase_split(restart: dict, crash: float, running: float) -> list[float]:
+    """Seconds spent in each of PHASES, from one run's record and timestamps."""
+    marks = restart.get("phases_ms") or {}
+    out = [float(restart["detected_at"]) - crash]
+    last = 0.0
+    for _, mark in PHASES[1:-1]:
+        at = marks.get(mark, last * 1000) / 1000
+        out.append(at - last)
+        last = at
+    out.append(running - crash - out[0] - last)
+    return out
 
 
 def bench_b(bench: Bench, launchers: dict[str, str], repeat: int) -> list[Figure]:
-    fig = Figure("b", "b) worker crash -> all 4 running again", "s", 0.7)
-    for i, name, exe in rounds(launchers, repeat, [fig]):
-        stamps = bench.workdir / f"crash-{uuid.uuid4().hex[:8]}.txt"
-        run = bench.run(name, exe, ["--max-restarts", "1"], "crash_timing.py",
-                        ["--crash-after", "1.0"], sample_interval=0.02,
-                        env_extra={"CRASH_TIMING_FILE": str(stamps)})
-        if not _check([fig], name, run, "b"):
-            continue
-        try:
-            took = parse_crash_timing(stamps)
-        except (OSError, ValueError) as exc:
-            _check([fig], name, Run(ok=False, error=str(exc)), "b")
-            continue
-        fig.add(name, took)
-        note(f"  b {name} {i + 1}/{repeat}: {took:.3f} s (launcher wall {run.wall:.2f} s)")
-    return [fig]
+    figs = []
+    for key, label, script, crash_after in (
+            ("b", "b) worker crash -> all 4 running again", "crash_timing.py", "1.0"),
+            ("b2", "b2) the same, workers that import torch", str(TORCH_CRASH), "3.0")):
+        fig = Figure(key, label, "s", 0.5)
+        pss = Figure(key, f"{key}) peak PSS of the node (50 ms samples)", "MiB", 1.0)
+        phases = [Figure(key, f"   {key}) phase: {what}", "s", part_of=fig)
+                  for what, _ in PHASES]
+        for i, name, exe in rounds(launchers, repeat, [fig]):
+            stamps = bench.workdir / f"crash-{uuid.uuid4().hex[:8]}.txt"
+            run = bench.run(name, exe, ["--max-restarts", "1"], script,
+                            ["--crash-after", crash_after], sample_interval=0.05,
+                            env_extra={"CRASH_TIMING_FILE": str(stamps)},
+                            agent_args=["--event-log-handler", "console"], pss=True)
+            if not _check([fig, pss], name, run, key):
+                continue
+            try:
+                crash, running = crash_times(stamps)
+            except (OSError, ValueError) as exc:
+                _check([fig, pss], name, Run(ok=False, error=str(exc)), key)
+                continue
+            fig.add(name, running - crash)
+            pss.add(name, run.peak_pss / MIB)
+            split = ""
+            if name == "elastic-agent":
+                record = restart_record(run.extra["run_dir"] / "launcher.stderr")
+                if record is None:
+                    note(f"  ! {key} {name}: no restart record on the agent's stderr")
+                else:
+                    for phase, took in zip(phases, phase_split(record, crash, running),
+                                           strict=True):
+                        phase.add(name, took)
+                    split = " = " + " + ".join(
+                        f"{p.values[name][-1] * 1000:.0f}" for p in phases) + " ms"
+            note(f"  {key} {name} {i + 1}/{repeat}: {running - crash:.3f} s{split}, peak PSS "
+                 f"{run.peak_pss / MIB:.0f} MiB (launcher wall {run.wall:.2f} s)")
+        figs += [fig, *phases, pss]
+    return figs
 
 
 def _line_counts(lines: list[bytes] | list[str], rank: int) -> int:
@@ -581,12 +702,12 @@ def print_table(figs: list[Figure], names: list[str]) -> None:
     headers = ["figure", "torchrun", agent, "ratio", "goal", "met"]
     rows = []
     for fig in figs:
-        t = fig.median("torchrun")
+        t = fig.median("torchrun") if fig.part_of is None else fig.part_of.median("torchrun")
         a = fig.median(agent)
         ratio = a / t if a is not None and t else None
         goal = f"<= {fig.goal:g}x" if fig.goal is not None else "-"
         met = "-" if fig.goal is None or ratio is None else ("yes" if ratio <= fig.goal else "NO")
-        rows.append([fig.label,
+        rows.append([fig.label, "" if fig.part_of is not None else
                      _fmt(t, fig.unit) if "torchrun" in names else "not run",
                      _fmt(a, fig.unit) if agent in names else "not run",
                      f"{ratio:.2f}x" if ratio is not None else "n/a", goal, met])
@@ -610,7 +731,8 @@ def print_table(figs: list[Figure], names: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5, help="runs per figure (median)")
-    parser.add_argument("--only", default="a,b,c,d", help="comma-separated figures: a,b,c,d")
+    parser.add_argument("--only", default="a,b,c,d",
+                        help="comma-separated figures: a,b,c,d (b includes b2, with torch)")
     parser.add_argument("--lines", type=int, default=100_000, help="lines per worker in (c)")
     parser.add_argument("--rate", type=int, default=20_000, help="job-wide lines/s in (d)")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of output in (d)")
@@ -668,8 +790,12 @@ def main(argv: list[str] | None = None) -> int:
           "utime+stime in /proc/<pid>/stat of the exited launcher before\n  it is reaped, "
           "children excluded (wait4's rusage would include the reaped workers).\n  Launcher CPU "
           "incl. helpers: the tree's exact total (the same stat, plus cutime+cstime) minus\n"
-          "  the workers' CPU sampled every 20 ms.")
-    ok = all(fig.median(name) is not None for fig in figs for name in names)
+          "  the workers' CPU sampled every 20 ms.\n"
+          "phases of (b): elastic-agent's restart, split by the marks its workers_started event "
+          "carries;\n  each phase's ratio is to torchrun's whole restart (the budget). Medians "
+          "per phase: they need\n  not add up to the median of the whole.")
+    ok = all(fig.median(name) is not None for fig in figs for name in names
+             if fig.part_of is None or name == "elastic-agent")
     return 0 if ok else 1
 
 

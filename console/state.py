@@ -91,6 +91,7 @@ from typing import Any, NamedTuple
 from elastic_agent.coordination.protocol import (
     MAX_NAME_CHARS,
     MAX_RANK,
+    RESTART_PHASES,
     Event,
     EventType,
     LogBatch,
@@ -181,7 +182,7 @@ class TimelineEntry(NamedTuple):
     """One thing that happened to the job, in server time. ``detail``: e.g. a traceback."""
 
     server_ms: int
-    kind: str  # rendezvous | node | failure | group_failed | restart | ack | job | logs
+    kind: str  # rendezvous | node | failure | group_failed | restart | restarted | ack | job | logs
     text: str
     detail: str = ""
     ref: str = ""  # a ``stalled`` entry: the id of its stacks capture (enter shows it)
@@ -793,6 +794,9 @@ class JobView:
             self.restarts_used = used
         if not self.is_final:
             self.state = RUNNING
+        took = restart_took(d.get("restart"))
+        if took is not None:
+            self._note(ev, "restarted", f"workers on {host} running again {took[0]}", took[1])
 
     def _on_worker_exited(self, ev: Event, node: str, d: dict[str, Any]) -> None:
         rank = _int(d.get("rank"), None)
@@ -977,6 +981,44 @@ class JobView:
 
 def _s(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+_RESTART_REASONS = {"failed": "failure", "reform": "membership change",
+                    "restart": "restart command", "stalled": "stall"}
+_PHASE_NAMES = {"evidence": "survivors' stacks captured", "stopped": "workers stopped",
+                "reported": "failure reported", "rendezvous": "rendezvous done",
+                "keeper": "keeper ready", "started": "every worker started"}
+
+
+def restart_took(record: Any) -> tuple[str, str] | None:
+    """``workers_started``'s ``restart`` field as (a line: how long the restart took and
+    where it went, the detail: one phase a line), or None when there is none that makes
+    sense. Phases are ms since the agent saw the failure; unknown ones are skipped, and a
+    value that is not a finite, non-negative number below a day drops the whole record."""
+    if not isinstance(record, dict) or not isinstance(record.get("phases_ms"), dict):
+        return None
+    marks: list[tuple[str, float]] = []
+    for phase in RESTART_PHASES:
+        value = record["phases_ms"].get(phase)
+        if value is None:
+            continue
+        ms = _float(value, None)
+        if ms is None or not 0 <= ms < 86_400_000:  # NaN fails this too
+            return None
+        marks.append((phase, ms))
+    if not marks:
+        return None
+    why = record.get("reason")
+    reason = (_RESTART_REASONS.get(why) if isinstance(why, str) else None) or sanitize(
+        str(why))[:40]
+    steps, lines, last = [], [f"restart after: {reason}"], 0.0
+    for phase, ms in marks:
+        took = max(0.0, ms - last)
+        last = max(last, ms)
+        steps.append(f"{phase} {took:.0f}")
+        lines.append(f"{_PHASE_NAMES[phase]}: +{took:.0f} ms (at {ms:.0f} ms)")
+    return (f"{last:.0f} ms after the {reason} was seen ({', '.join(steps)} ms)",
+            "\n".join(lines))
 
 
 def _int(value: Any, default: int | None) -> int | None:

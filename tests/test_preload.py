@@ -16,11 +16,13 @@ import os
 import re
 import signal
 import sys
+import textwrap
 from pathlib import Path
 
 import psutil
 import pytest
 
+from elastic_agent.supervision import zygote
 from elastic_agent.supervision.config import UsageError, parse_args
 from elastic_agent.supervision.logs import LogConfig, NodeLogs, Std
 from elastic_agent.supervision.workers import GroupResult, RankAssignment, WorkerGroup, WorkerSpec
@@ -150,6 +152,9 @@ def test_one_zygote_forks_every_attempts_keeper_and_a_dead_one_is_replaced(tmp_p
                 seen.append((z_pid, keeper_pid, psutil.Process(keeper_pid).ppid(),
                              len(imports())))
                 await asyncio.wait_for(group.wait(), 60)
+                # Every rank reports before the stop (the first failure settles the group,
+                # and a stop that comes at once would end a rank still printing).
+                await wait_until_async(lambda: len(group.exits) == NPROC, 60, "every exit")
                 await group.stop()
                 if attempt == 1:  # the zygote dies: attempt 2 needs a new one
                     threads = len(os.listdir(f"/proc/{z_pid}/task"))
@@ -267,6 +272,9 @@ def test_restart_command_restarts_through_the_zygote(redis_url, r, job_id, tmp_p
     try:
         started = lambda n: len(of_type(r, job_id, EventType.WORKERS_STARTED)) >= n  # noqa: E731
         wait_until(lambda: started(1), 60, "workers")
+        # The probe has reported before the restart: a stop may otherwise end it first.
+        wait_until(lambda: any(p.read_text() for p in logs.glob("*/attempt_0/0/stderr.log")),
+                   30, "the first probe")
         r.xadd(JobKeys(job_id).commands,
                encode_command(Command("restart-1", "restart", "tester@host", args={})))
         wait_until(lambda: started(2), 60, "restart by command")
@@ -280,3 +288,121 @@ def test_restart_command_restarts_through_the_zygote(redis_url, r, job_id, tmp_p
         assert agent.wait(30) == 143, agent.output[-3000:]
     finally:
         agent.kill()
+
+
+# -- --preload auto, the default (issue 23) ---------------------------------------------------
+
+#: A worker that says whether it was forked: a forked one runs in the zygote's process image,
+#: whose command line is the zygote's own (no ``--worker``, the exec path's bootstrap flag).
+WHICH = """
+import os
+with open("/proc/self/cmdline", "rb") as f:
+    print("forked" if b"--worker" not in f.read() else "exec", flush=True)
+"""
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("import torch\n", ("torch",)),
+    ('"""Train."""\nfrom __future__ import annotations\nimport os, sys\n'
+     "import torch.distributed as dist\nx = 1\n", ("torch",)),
+    ("from torch import nn\nimport numpy\n", ("torch",)),
+    ("import os\nos.environ['TORCH_LOGS'] = '+dynamo'\nimport torch\n", ()),  # code first
+    ("def main():\n    import torch\n", ()),
+    ("try:\n    import torch\nexcept ImportError:\n    torch = None\n", ()),
+    ("import torchvision\n", ()),
+    ("from .torch import x\n", ()),
+    ("import json\n", ()),
+    ("import torch(\n", ()),  # not Python
+])
+def test_auto_preload_takes_torch_from_the_leading_imports_only(tmp_path, source, expected):
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    assert zygote.auto_preload([sys.executable, "-u", str(script)]) == expected
+
+
+def test_auto_preload_never_looks_at_what_it_cannot_fork(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n")
+    assert zygote.auto_preload([sys.executable, "-u", "-m", "train"]) == ()
+    assert zygote.auto_preload([sys.executable, "-u", "-c", "import torch"]) == ()
+    assert zygote.auto_preload(["/bin/sh", str(script)]) == ()  # --no-python
+    assert zygote.auto_preload([sys.executable, "-u", str(tmp_path / "gone.py")]) == ()
+
+
+def test_preload_flag_auto_by_default_off_and_modules():
+    script = str(PROBE)
+    assert parse_args([script]).preload_auto
+    assert parse_args(["--preload", "auto", script]).preload_auto
+    off = parse_args(["--preload", "off", script])
+    assert (off.preload, off.preload_auto) == ((), False)
+    named = parse_args(["--preload", "torch", script])
+    assert (named.preload, named.preload_auto) == (("torch",), False)
+    assert not parse_args(["--no-python", "/bin/true"]).preload_auto
+
+
+def _which(tmp: Path, attempt: int = 0) -> list[str]:
+    return [(tmp / "j" / f"attempt_{attempt}" / str(rank) / "stdout.log").read_text()
+            for rank in range(NPROC)]
+
+
+#: Stands in for torch (the same path, without a second of import): records the pid that
+#: imported it, so a worker can tell whether the zygote had imported it already.
+AUTOMARK = "import os\nPID = os.getpid()\n"
+
+
+@pytest.mark.parametrize(("leading", "auto", "expected"), [
+    ("import automark\n", True, "forked preloaded"),  # auto: forked, automark imported once
+    ("x = 1\nimport automark\n", True, "forked fresh"),  # code first: forked, not preloaded
+    ("import automark\n", False, "exec fresh"),  # --preload off: exec, as before
+    ("import automark_thread\nimport automark\n", True, "exec fresh"),  # unsafe to fork
+])
+def test_auto_forks_every_python_worker_and_falls_back_to_exec(tmp_path, monkeypatch, leading,
+                                                               auto, expected):
+    monkeypatch.setattr(zygote, "AUTO_MODULES", ("automark", "automark_thread"))
+    (tmp_path / "automark.py").write_text(AUTOMARK)
+    (tmp_path / "automark_thread.py").write_text((PRELOAD / "preload_thread.py").read_text())
+    script = tmp_path / "train.py"
+    script.write_text(leading + WHICH.replace(
+        '"exec", flush=True)', '"exec", "preloaded" if automark.PID != os.getpid() else '
+        '"fresh", flush=True)'))
+
+    async def scenario() -> None:
+        spec = WorkerSpec(nproc=NPROC, entrypoint=[sys.executable, "-u", str(script)],
+                          run_id="r", job_id="j", log_dir=tmp_path / "j", preload_auto=auto,
+                          shutdown_timeout=2)
+        group = WorkerGroup(spec, logs=quiet_logs())
+        try:
+            await group.prepare()
+            for attempt in range(2):  # the first start and a restart alike
+                await group.start(assignment(attempt))
+                assert (await asyncio.wait_for(group.wait(), 60)).state.value == "SUCCEEDED"
+                await group.stop()
+        finally:
+            await group.stop()
+            await group.close()
+
+    asyncio.run(scenario())
+    assert _which(tmp_path, 0) == _which(tmp_path, 1) == [expected + "\n"] * NPROC
+
+
+def test_a_torch_script_is_forked_warm_by_default(tmp_path):
+    """No flag: a script that starts by importing torch restarts from the warm zygote."""
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n" + WHICH + textwrap.dedent("""
+        import sys
+        if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "1":
+            sys.exit(3)
+    """))
+    logs = tmp_path / "logs"
+    agent = Agent(["--standalone", "--nproc-per-node", str(NPROC), "--max-restarts", "1",
+                   "--log-dir", str(logs), str(script)], tmp_path, "a")
+    try:
+        assert agent.wait(180) == 0, agent.output[-3000:]
+    finally:
+        agent.kill()
+    assert "zygote" not in agent.output  # no warning: nothing fell back
+    (run_dir,) = logs.glob("*_*")
+    for attempt in (0, 1):
+        for rank in range(NPROC):
+            out = run_dir / f"attempt_{attempt}" / str(rank) / "stdout.log"
+            assert out.read_text() == "forked\n", (attempt, rank, agent.output[-2000:])

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -90,6 +91,7 @@ class Group:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.group.stop(timeout=1)
+        await self.group.close()  # the keeper started ahead for a next attempt, too
 
 
 # -- environment ----------------------------------------------------------------------------
@@ -476,3 +478,102 @@ async def test_start_failure_and_next_attempt(tmp_path: Path) -> None:
         await group.stop()
     assert stdout_of(tmp_path, 0, attempt=0) == "0\n"
     assert stdout_of(tmp_path, 0, attempt=1) == "1\n"
+
+
+# -- the keeper started ahead of time (issue 23) ----------------------------------------------
+
+async def _spare_pid(group: WorkerGroup) -> int:
+    """The pid of the keeper the group started ahead for its next attempt."""
+    await wait_until_async(lambda: group._spare is not None and group._spare.done(),
+                           what="the next attempt's keeper started")
+    assert group._spare is not None
+    return group._spare.result().process.get_pid()
+
+
+async def test_the_next_attempt_runs_on_the_keeper_started_ahead(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("elastic_agent.supervision.workers.SPARE_DELAY", 0.0)
+    spec = make_spec(tmp_path, """
+        import os, time
+        print(os.getppid(), flush=True)
+        time.sleep(60)
+    """, nproc=2)
+    async with Group(spec) as group:
+        await group.prepare()  # before the rendezvous: the first attempt's keeper
+        first = await _spare_pid(group)
+        await group.start(assignment(2))
+        assert group._keeper is not None and group._keeper.pid == first
+        ahead = await _spare_pid(group)  # the next one, while this attempt runs
+        assert ahead != first and alive(ahead)
+        for rank in range(2):
+            await wait_for_output(tmp_path, rank, "\n")
+        assert int(stdout_of(tmp_path, 0)) == first  # the workers' parent: that keeper
+        await group.stop()  # returns once the keeper has ended the tree; it exits after
+        await wait_until_async(lambda: not alive(first), what="the first keeper gone")
+        await group.start(assignment(2, attempt=1))
+        assert group._keeper.pid == ahead
+        await wait_until_async(lambda: all(stdout_of(tmp_path, rank, attempt=1).endswith("\n")
+                                           for rank in range(2)), what="attempt 1")
+        assert int(stdout_of(tmp_path, 0, attempt=1)) == ahead
+        spare = await _spare_pid(group)
+        await group.stop()
+        await group.close()
+        assert not alive(ahead)  # close waits for the last keeper's own exit
+        # Closing the group ends the idle keeper too: no process is left behind.
+        await wait_until_async(lambda: not alive(spare), what="the idle keeper gone")
+
+
+async def test_a_dead_spare_keeper_is_replaced_at_start(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("elastic_agent.supervision.workers.SPARE_DELAY", 0.0)
+    spec = make_spec(tmp_path, """
+        import os
+        print(os.getppid(), flush=True)
+    """)
+    async with Group(spec) as group:
+        await group.prepare()
+        dead = await _spare_pid(group)
+        os.kill(dead, signal.SIGKILL)
+        await wait_until_async(lambda: not alive(dead), what="the spare keeper killed")
+        await group.start(assignment())
+        assert (await group.wait()).state is WorkerState.SUCCEEDED
+        keeper_pid = int(stdout_of(tmp_path, 0))
+        assert keeper_pid != dead and group._keeper is not None
+        assert keeper_pid == group._keeper.pid
+
+
+async def test_no_spare_keeper_after_success(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, "print('done')")
+    async with Group(spec) as group:
+        await group.start(assignment())
+        assert (await group.wait()).state is WorkerState.SUCCEEDED
+        await group.stop()
+        assert group._spare is None  # no next attempt: nothing started ahead for it
+
+
+async def test_stop_ends_a_process_outside_the_tree_by_the_workers_marker(tmp_path: Path) -> None:
+    """A process that is no descendant of the keeper (started through some other daemon)
+    but carries a worker's error file path in its environment is ended by the stop: the
+    raw /proc/PID/environ search finds it."""
+    spec = make_spec(tmp_path, """
+        import time
+        print("up", flush=True)
+        time.sleep(60)
+    """)
+    async with Group(spec) as group:
+        await group.start(assignment())
+        await wait_for_output(tmp_path, 0, "up")
+        marker = str(error_file_path(spec, assignment(), 0))
+        outsider = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
+            env={**os.environ, "TORCHELASTIC_ERROR_FILE": marker})
+        try:
+            await wait_until_async(
+                lambda: marker.encode() in Path(f"/proc/{outsider.pid}/environ").read_bytes(),
+                what="the outsider started")
+            await group.stop()
+            await wait_until_async(lambda: outsider.poll() is not None, what="the outsider ended")
+            assert outsider.returncode == -signal.SIGTERM
+        finally:
+            outsider.kill()
+            outsider.wait()

@@ -428,7 +428,9 @@ class EventType:
     NODE_LEFT = "node_left"  # node, host, reason
     NODE_LOST = "node_lost"  # node, host, last_heartbeat_ms
     RENDEZVOUS_COMPLETE = "rendezvous_complete"  # round, world_size, nodes[{node,host,group_rank}]
-    WORKERS_STARTED = "workers_started"  # ranks[], pids[], restart_count, attempt
+    # ranks[], pids[], restart_count, attempt; after a restart, restart{reason, detected_at,
+    # phases_ms{RESTART_PHASES}}: how long each phase of it took
+    WORKERS_STARTED = "workers_started"
     WORKER_EXITED = "worker_exited"  # rank, local_rank, exit_code, signal, message, error_file
     # rank, local_rank, pid, scope, deadline (the worker's time.time()), signal, killed: the
     # agent's watchdog (torch's file timer, TORCHELASTIC_ENABLE_FILE_TIMER) saw a timer expire
@@ -459,6 +461,13 @@ class EventType:
             WORKER_TIMER_EXPIRED, STALLED,
         }
     )
+
+
+#: The phases of a restart, in order, as ``workers_started``'s ``restart.phases_ms`` names
+#: them (ms since the agent saw why the workers had to stop; docs/PROTOCOL.md): the
+#: survivors' stacks captured, the workers stopped, the failure reported, the rendezvous
+#: done, the keeper ready, every worker started.
+RESTART_PHASES = ("evidence", "stopped", "reported", "rendezvous", "keeper", "started")
 
 
 @dataclass(frozen=True)

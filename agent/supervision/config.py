@@ -81,6 +81,9 @@ class AgentConfig:
     health_check_host: str = "127.0.0.1"
     #: --preload: modules a warm zygote imports; workers are forked from it (issue 14).
     preload: tuple[str, ...] = ()
+    #: --preload auto (the default): Python workers forked from a zygote, which imports torch
+    #: when the script starts by importing it (issue 23).
+    preload_auto: bool = True
     #: --retention: seconds a job's keys outlive its end (0: forever; see retention.py).
     retention_s: float = DEFAULT_RETENTION_S
     #: --stack-signal: Python workers dump every thread's stack on it (None: off, issue 13).
@@ -221,9 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     a(*_both("health-check-host"), dest="health_check_host", default="127.0.0.1", metavar="HOST",
       help="address the health check listens on (default 127.0.0.1: this host only; 0.0.0.0 "
       "or :: for every interface, e.g. for a Kubernetes httpGet probe)")
-    a("--preload", default="", metavar="MODULES",
+    a("--preload", default="auto", metavar="MODULES",
       help="comma list of modules (e.g. torch) a warm zygote imports once per node; workers "
-      "are forked from it instead of starting a new interpreter (default none)")
+      "are forked from it instead of starting a new interpreter. auto (the default): Python "
+      "workers are forked, the zygote importing torch first when the script's leading "
+      "imports include it; off: every worker starts a new interpreter")
     a(*_both("stack-signal"), dest="stack_signal", default="SIGRTMIN+4", metavar="SIG",
       help="real-time signal on which Python workers write every thread's stack for "
       "`elastic-console stacks` (faulthandler, registered before the script runs: no ptrace, "
@@ -446,8 +451,11 @@ RUN_PATH_BOOTSTRAP = ("import runpy, sys; sys.argv = sys.argv[1:]; "
                       "runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
-def parse_preload(ns: argparse.Namespace) -> tuple[str, ...]:
-    """--preload's module names (dotted identifiers); refused with --no-python/--run-path."""
+def parse_preload(ns: argparse.Namespace) -> tuple[tuple[str, ...], bool]:
+    """--preload: its module names (dotted identifiers; refused with --no-python/--run-path),
+    and whether ``auto`` (the default) chooses them from the script instead."""
+    if ns.preload.strip().lower() in ("auto", "off"):
+        return (), ns.preload.strip().lower() == "auto" and not (ns.no_python or ns.run_path)
     names = tuple(m.strip() for m in ns.preload.split(",") if m.strip())
     for name in names:
         if not all(part.isidentifier() for part in name.split(".")):
@@ -456,7 +464,7 @@ def parse_preload(ns: argparse.Namespace) -> tuple[str, ...]:
         flag = "--run-path" if ns.run_path else "--no-python"
         raise UsageError(f"--preload cannot be used with {flag}: workers are forked from a "
                          "python zygote")
-    return names
+    return names, False
 
 
 def build_entrypoint(ns: argparse.Namespace) -> list[str]:
@@ -583,7 +591,8 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
             _number(ns.health_check_port, "--health-check-port")),
         health_check_host=ns.health_check_host,  # checked when it binds (HealthServer.start)
     )
-    cfg = replace(cfg, preload=parse_preload(ns))
+    preload, preload_auto = parse_preload(ns)
+    cfg = replace(cfg, preload=preload, preload_auto=preload_auto)
     try:
         cfg = replace(cfg, retention_s=parse_duration(ns.retention))
     except ValueError as exc:

@@ -65,7 +65,7 @@ from ..coordination.text import terminal_line
 from . import pages
 from .commands import CommandReader, Rejected, stacks_limit, stacks_refused
 from .config import AgentConfig
-from .events import EventSink, ResourceSampler
+from .events import EventSink, ResourceSampler, RestartClock
 from .fence import Fence
 from .health import HealthCheck
 from .job_records import JobRecords
@@ -196,6 +196,7 @@ class ElasticAgent:
                        log_dir=config.log_dir, shutdown_timeout=config.shutdown_timeout,
                        extra_env=config.extra_env, virtual_local_rank=config.virtual_local_rank,
                        numa_binding=config.numa_binding, preload=config.preload,
+                       preload_auto=config.preload_auto,
                        stack_signal=config.stack_signal,
                        logs_specs=_logs_specs_plugin(config),
                        signals_to_handle=",".join(signal.Signals(n).name
@@ -227,6 +228,8 @@ class ElasticAgent:
         self._restarts_used = 0
         self.root_cause: dict[str, Any] | None = None
         self._members_seen: dict[tuple[str, int], bool] = {}
+        #: The restart under way: when each of its phases ended (issue 23).
+        self._restart_clock: RestartClock | None = None
 
     # -- terminal -------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -288,11 +291,19 @@ class ElasticAgent:
             result = await self._race(asyncio.to_thread(self._rendezvous), during_rendezvous=True)
             if isinstance(result, Outcome):
                 return await self._finish_without_workers(result)
+            self._mark("rendezvous")
             await self._start(result)
             outcome, detail = await self._monitor()
+            if outcome not in (Outcome.SUCCEEDED, Outcome.SIGNAL):
+                self._restart_clock = RestartClock(outcome.value)
             code = await self._after(outcome, detail)
             if code is not None:
                 return code
+            self._mark("reported")
+
+    def _mark(self, phase: str, at: float | None = None) -> None:
+        if self._restart_clock is not None:
+            self._restart_clock.mark(phase, at)
 
     # -- rendezvous -----------------------------------------------------------------------
     def _rendezvous(self) -> RendezvousResult | Outcome:
@@ -423,8 +434,11 @@ class ElasticAgent:
                  f"{result.group_world_size}, global ranks {base}..{base + self.cfg.nproc - 1} "
                  f"of {world}; restarts used {restarts}/{self.cfg.max_restarts}")
         await self.group.start(assignment)
+        for phase, at in self.group.start_marks.items():
+            self._mark(phase, at)
         self.sampler.track({w.global_rank: w.pid for w in self.group.workers})
-        self._announce_workers()
+        clock, self._restart_clock = self._restart_clock, None
+        self._announce_workers(**({"restart": clock.record()} if clock is not None else {}))
 
     def _announce_round(self, **extra: Any) -> None:
         """The round's record for readers, written by group rank 0 (once per round, and again
@@ -599,9 +613,11 @@ class ElasticAgent:
         # Evidence before the kill: whatever stops the workers, the survivors' stacks are
         # captured first (2 s at most), so a restart never destroys where they were.
         self._evidence = await self.stacks.evidence(f"stop-{self._attempt}")
+        self._mark("evidence")
         extra = {"stacks": self._evidence} if self._evidence else {}
         self.fence.kill()  # frozen workers never run again: others may hold their ranks
         await self.group.stop()
+        self._mark("stopped")
         self.events.emit(EventType.WORKERS_STOPPED, ranks=ranks, reason=reason,
                          attempt=self._attempt, **extra)
 

@@ -21,7 +21,7 @@ import psutil
 import redis.asyncio as aioredis
 
 from ..coordination import protocol
-from ..coordination.protocol import EventType, JobKeys
+from ..coordination.protocol import RESTART_PHASES, EventType, JobKeys
 from .publisher import StreamPublisher
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,37 @@ class EventSink:
             with contextlib.suppress(OSError, ValueError):  # a closed stderr loses only this
                 self._echo.write(line + "\n")
                 self._echo.flush()
+
+
+class RestartClock:
+    """When each phase of one restart ended, in ms since the agent saw why the workers must
+    stop (a failure, a membership change, a command, a stall), on the agent's monotonic clock:
+
+    ``evidence`` the survivors' stacks captured; ``stopped`` every worker's tree gone;
+    ``reported`` the root cause found and the restart counted; ``rendezvous`` the next round
+    formed; ``keeper`` the attempt's keeper running with the workers asked of it;
+    ``started`` every worker's pid known. ``detected_at`` (wall clock, seconds) lets a reader
+    on the same host measure from the worker's own crash time. Carried by the next
+    ``workers_started`` event as ``restart`` (docs/PROTOCOL.md). O(1) per restart."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        self.detected_at = time.time()
+        self._t0 = time.monotonic()
+        self.marks: dict[str, float] = {}
+
+    def mark(self, phase: str, at: float | None = None) -> None:
+        """``phase`` ended now (or at monotonic time ``at``); a phase marked twice keeps its
+        first mark."""
+        if phase not in RESTART_PHASES:
+            raise ValueError(f"unknown restart phase {phase!r}")
+        when = time.monotonic() if at is None else at
+        self.marks.setdefault(phase, round(max(0.0, when - self._t0) * 1000, 1))
+
+    def record(self) -> dict[str, Any]:
+        """The ``restart`` field of ``workers_started``."""
+        return {"reason": self.reason, "detected_at": round(self.detected_at, 6),
+                "phases_ms": {p: self.marks[p] for p in RESTART_PHASES if p in self.marks}}
 
 
 class ResourceSampler:

@@ -6,12 +6,15 @@ own children (a ``subprocess.Popen``, a ``setsid`` helper, a daemon) used to be 
 
 How: the agent starts the keeper (``python -I -S keeper.py FD``: stdlib only, no site, about
 10 MiB and 20-30 ms) with one end of a socket pair; the other end is the agent's, close-on-exec
-and never inherited, so it closes exactly when the agent is gone. Over it the agent sends the
-workers to start (argv, environment, the write ends of their stdout and stderr pipes) and the
-keeper answers with each pid (or the exec's errno) and, the moment it reaps one, its exit
-status. It starts each worker as ``subprocess`` would with ``start_new_session=True`` and a
-PR_SET_PDEATHSIG preexec: own session, stdin on /dev/null, every other descriptor closed,
-SIGPIPE and SIGXFSZ back to default, and otherwise the signal dispositions the agent gave it.
+and never inherited, so it closes exactly when the agent is gone. The agent starts it ahead of
+time (issue 23): the first one before the rendezvous, the next one in the background while an
+attempt runs, so no restart waits for an interpreter to start. Over the socket the agent sends
+the workers to start (argv, environment, and the write ends of their stdout and stderr pipes
+as SCM_RIGHTS: they did not exist when the keeper was started) and the keeper answers with
+each pid (or the exec's errno) and, the moment it reaps one, its exit status. It starts each
+worker as ``subprocess`` would with ``start_new_session=True`` and a PR_SET_PDEATHSIG
+preexec: own session, stdin on /dev/null, every other descriptor closed, SIGPIPE and SIGXFSZ
+back to default, and otherwise the signal dispositions the agent gave it.
 With ``--preload`` the keeper is no exec'ed process but a child the node's zygote forked
 (:mod:`.zygote`), given its end of the socket as SCM_RIGHTS: the same rules from there on,
 with the dispositions the zygote was born with, and workers forked rather than exec'ed.
@@ -99,18 +102,45 @@ class Unframer:
         return out
 
 
-def _read_message(fd: int, unframer: Unframer) -> object | None:
-    """The next whole message from ``fd`` (blocking), or None at EOF."""
-    while True:
-        try:
-            data = os.read(fd, 1 << 16)
-        except ConnectionResetError:
-            data = b""
-        if not data:
-            return None
-        messages = unframer.feed(data)
-        if messages:
-            return messages[0]
+#: Descriptors one request may carry (two per worker).
+_MAX_FDS = 4096
+
+
+def read_request(ctl: int, unframer: Unframer) -> list | None:
+    """The agent's request, each worker's pipe descriptors (sent as SCM_RIGHTS, replaced by
+    their index in the message: see ``zygote.send_request``) put back; None at EOF. With the
+    C module ``_socket``: ``socket`` would import ``enum``."""
+    import _socket
+    import array
+
+    sock = _socket.socket(fileno=os.dup(ctl))
+    fds: list[int] = []
+    size = _socket.CMSG_LEN(_MAX_FDS * 4)
+    try:
+        while True:
+            try:
+                data, ancillary, flags, _ = sock.recvmsg(1 << 16, size)
+            except ConnectionResetError:
+                data, ancillary, flags = b"", [], 0
+            for level, kind, payload in ancillary:
+                if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                    got = array.array("i")
+                    got.frombytes(payload[:len(payload) - len(payload) % got.itemsize])
+                    fds += got
+            if flags & _socket.MSG_CTRUNC:  # descriptors lost: no worker could get its pipes
+                data = b""
+            if not data:
+                for fd in fds:
+                    os.close(fd)
+                return None
+            messages = unframer.feed(data)
+            if messages:
+                break
+    finally:
+        sock.close()  # the dup, not ctl
+    request = messages[0]
+    assert isinstance(request, list)
+    return [(argv, env, fds[o], fds[e], *rest) for argv, env, o, e, *rest in request]
 
 
 class _Keeper:
@@ -160,13 +190,10 @@ class _Keeper:
         signal.signal(signal.SIGCHLD, lambda *_: None)
 
         unframer = Unframer()
-        if self.zygote is not None:
-            spec = self.zygote_module().read_request(self.ctl, unframer)
-        else:
-            spec = _read_message(self.ctl, unframer)
+        spec = read_request(self.ctl, unframer)
         if spec is None:
             self.kill_tree()
-            return 0
+            return self.done()
         assert isinstance(spec, list)
         failed = False
         for index, (argv, env, out_fd, err_fd, *how) in enumerate(spec):
@@ -203,6 +230,16 @@ class _Keeper:
                 elif not _more_from(self.ctl, unframer):
                     self.agent_gone = True
         self.kill_tree()
+        return self.done()
+
+    def done(self) -> int:
+        """The tree is gone: say so by closing the socket (EOF for the agent) before this
+        process's own exit, whose teardown takes a while in a big process (a keeper forked
+        by a zygote that imported torch): the agent's stop waits for the tree, not for that."""
+        try:  # noqa: SIM105 - no contextlib: the keeper imports as little as it can
+            os.close(self.ctl)
+        except OSError:
+            pass
         return 0
 
     def spawn(self, argv: list[bytes], env: dict[bytes, bytes], out_fd: int,
@@ -275,8 +312,7 @@ class _Keeper:
         reparented here when its parent dies, and found on the next round."""
         self.agent_gone = True
         while True:
-            parents = _parents()
-            tree = _descendants(self.me, parents)
+            tree = descendants(self.me, parents())
             for pid in tree:
                 _kill(pid, tree | {self.me})
             if not self.reap(block=True):
@@ -312,7 +348,7 @@ def _more_from(fd: int, unframer: Unframer) -> bool:
     return bool(data)
 
 
-def _parents() -> dict[int, int]:
+def parents() -> dict[int, int]:
     """pid -> parent pid for every process in /proc."""
     parents = {}
     for name in os.listdir("/proc"):
@@ -335,7 +371,7 @@ def _parents() -> dict[int, int]:
     return parents
 
 
-def _descendants(root: int, parents: dict[int, int]) -> set[int]:
+def descendants(root: int, parents: dict[int, int]) -> set[int]:
     children: dict[int, list[int]] = {}
     for pid, ppid in parents.items():
         children.setdefault(ppid, []).append(pid)

@@ -26,8 +26,16 @@ blocking, so that no dump is cut short by a full pipe while the agent reads. Byt
 when no capture is waiting are read and dropped, so a worker can never block on it.
 
 A dump has no end marker. It is written by one run of the signal handler, so it is complete
-once a whole line was followed by :data:`QUIET_S` of silence; the whole capture is bounded
-(:data:`ANSWER_TIMEOUT`, 2 s) and ranks are asked concurrently.
+once that run has returned: faulthandler registers the handler without ``SA_NODEFER``, so the
+kernel blocks SIG in the thread running it until it returns. The agent notes which threads
+block SIG before it signals (``SigBlk`` in ``/proc/PID/task/*/status``); once a whole line has
+come, the dump is complete when SIG is pending nowhere in the process and blocked in no
+thread that did not block it before (:func:`handler_done`, checked every
+:data:`POLL_S`): a few milliseconds after the worker wrote its last line, instead of a
+silence, which is what it falls back to (:data:`QUIET_S` after a whole line, for a process
+whose ``/proc`` cannot be read). The whole capture is bounded (:data:`ANSWER_TIMEOUT`, 2 s)
+and ranks are asked concurrently. The stop of a restart waits for this capture (the evidence
+before the kill): every millisecond of it is on the restart's path.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -42,8 +51,10 @@ import re
 import shutil
 import signal
 import stat
+import struct
 import sys
 import tempfile
+import termios
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,8 +83,10 @@ STACKS_ENV = zygote.STACKS_ENV
 FIFO_NAME = "stacks.fifo"
 #: How long ranks have to answer a request (they are asked all at once).
 ANSWER_TIMEOUT = 2.0
-#: Silence after a whole line that ends a dump (one signal handler run writes it all).
+#: Silence after a whole line that ends a dump when the handler's end cannot be seen.
 QUIET_S = 0.1
+#: How often, once a whole line came, the agent looks whether the handler has returned.
+POLL_S = 0.002
 #: Groups an event carries (the rest are on the stacks stream under its request id).
 EVENT_GROUPS = 20
 #: Signals a stack signal must never be: torchrun's own, and the user signals others use.
@@ -182,6 +195,56 @@ def catches(pid: int, signum: int) -> bool:
     return m is not None and bool(int(m.group(1), 16) >> (signum - 1) & 1)
 
 
+def _signal_masks(pid: int) -> tuple[int, dict[int, int]] | None:
+    """(signals pending for the whole process, {tid: signals that thread blocks | its own
+    pending ones}) from /proc, or None when it cannot be read (gone, or not ours to read)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    shared = 0
+    threads: dict[int, int] = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status", "rb") as f:
+                status = f.read(8192)
+        except OSError:
+            continue  # that thread ended
+        fields = dict(_MASK_RE.findall(status))
+        try:
+            shared |= int(fields.get(b"ShdPnd", b"0"), 16)
+            threads[int(tid)] = (int(fields.get(b"SigBlk", b"0"), 16)
+                                 | int(fields.get(b"SigPnd", b"0"), 16))
+        except ValueError:
+            return None
+    return (shared, threads) if threads else None
+
+
+_MASK_RE = re.compile(rb"^(ShdPnd|SigPnd|SigBlk):\s*([0-9a-fA-F]{1,64})$", re.MULTILINE)
+
+
+def blocking_threads(pid: int, signum: int) -> frozenset[int] | None:
+    """The threads of ``pid`` that block (or have pending) ``signum`` now; None: unknown."""
+    masks = _signal_masks(pid)
+    if masks is None:
+        return None
+    bit = 1 << (signum - 1)
+    return frozenset(tid for tid, mask in masks[1].items() if mask & bit)
+
+
+def handler_done(pid: int, signum: int, before: frozenset[int]) -> bool:
+    """Whether the run of ``signum``'s handler that a signal sent after ``before`` was taken
+    has returned: the signal pending nowhere, blocked in no thread beyond ``before`` (the
+    kernel blocks it in the thread that runs the handler, until the handler returns)."""
+    masks = _signal_masks(pid)
+    if masks is None:
+        return False
+    bit = 1 << (signum - 1)
+    shared, threads = masks
+    return not shared & bit and not any(
+        mask & bit for tid, mask in threads.items() if tid not in before)
+
+
 # -- reading dumps ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -234,26 +297,45 @@ class StackPipe(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def _unread(self) -> int:
+        """Bytes in the FIFO the loop has not read yet (1 when that cannot be known)."""
+        pipe = self.transport.get_extra_info("pipe") if self.transport is not None else None
+        try:
+            return struct.unpack("i", fcntl.ioctl(pipe.fileno(), termios.FIONREAD,
+                                                  b"\0\0\0\0"))[0]
+        except (AttributeError, OSError, ValueError):
+            return 1
+
     async def dump(self, pid: int, signum: int, timeout: float) -> tuple[str, bool, str]:
-        """Signal ``pid`` and read its dump: ``(text, truncated, error)``."""
+        """Signal ``pid`` and read its dump: ``(text, truncated, error)``. Complete once the
+        handler has returned (see the module docstring), or after :data:`QUIET_S` of silence
+        after a whole line when that cannot be seen."""
         async with self._lock:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
             self._buf, self._cut = bytearray(), False
+            before = blocking_threads(pid, signum)
             try:
                 os.kill(pid, signum)
             except OSError:
                 self._buf = None
                 return "", False, NOT_RUNNING
             try:
+                quiet_since = loop.time()
                 while (left := deadline - loop.time()) > 0:
+                    whole = bool(self._buf) and self._buf.endswith(b"\n")
+                    if (whole and before is not None and handler_done(pid, signum, before)
+                            and not self._unread()):
+                        break  # the handler has returned and all it wrote has been read
+                    if whole and loop.time() - quiet_since >= QUIET_S:
+                        break  # a whole line, then silence: the handler has returned
                     self._got.clear()
+                    wait = (POLL_S if before is not None else QUIET_S) if whole else left
                     try:
-                        await asyncio.wait_for(self._got.wait(),
-                                               min(left, QUIET_S) if self._buf else left)
+                        await asyncio.wait_for(self._got.wait(), min(left, wait))
+                        quiet_since = loop.time()
                     except asyncio.TimeoutError:
-                        if self._buf and self._buf.endswith(b"\n"):
-                            break  # a whole line, then silence: the handler has returned
+                        pass
                 buf, cut = self._buf, self._cut
             finally:
                 self._buf = None

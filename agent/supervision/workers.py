@@ -36,6 +36,7 @@ import errno
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import stat
@@ -66,6 +67,8 @@ log = logging.getLogger(__name__)
 KILL_WAIT = 10.0
 #: How long stop() waits for the output pipes to reach EOF once every process is gone.
 DRAIN_WAIT = 2.0
+#: How long after a start the next attempt's keeper is started (a stop starts it at once).
+SPARE_DELAY = 0.5
 #: A larger error file is not read (a worker could otherwise make the agent load gigabytes).
 ERROR_FILE_MAX_BYTES = 4 << 20
 
@@ -113,6 +116,9 @@ class WorkerSpec:
     numa_binding: str | None = None
     #: ``--preload``: modules a warm zygote imports; its workers are forked from it.
     preload: tuple[str, ...] = ()
+    #: ``--preload auto``: without ``preload``, Python workers are forked from a zygote that
+    #: imported what :func:`.zygote.auto_preload` finds the script starting with (torch).
+    preload_auto: bool = False
     #: torchrun's --signals-to-handle, which its launcher puts in the workers' environment.
     signals_to_handle: str = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
     #: torchrun's --logs-specs: a ``torch_compat.LogsSpecsPlugin`` whose ``reify`` decides
@@ -341,6 +347,8 @@ class _Keeper:
         self.started: list[asyncio.Future[int | OSError]] = [
             loop.create_future() for _ in workers]
         self.exited: asyncio.Future[int] = loop.create_future()
+        #: The keeper's end of the socket closed: after a stop, its tree is gone.
+        self.ended: asyncio.Future[None] = loop.create_future()
         self.process: asyncio.SubprocessTransport | None = None
         self.channel: asyncio.BaseTransport | None = None
         self.pid = 0
@@ -370,6 +378,8 @@ class _Keeper:
             worker.exited.set_result(value)
 
     def on_lost(self) -> None:
+        if not self.ended.done():
+            self.ended.set_result(None)
         self.fail_all(OSError(errno.ECHILD, "the worker group's keeper process exited"))
         if self.closing:
             return
@@ -437,6 +447,20 @@ class _ForkedKeeper:
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
 
 
+@dataclass
+class _Spare:
+    """A keeper started ahead of time, waiting for its request."""
+
+    process: asyncio.SubprocessTransport
+    sock: socket.socket
+    exited: asyncio.Future[int]
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.exited.done():
+            self.process.close()
+
+
 class WorkerGroup:
     """The workers of one role on this node, for one attempt at a time.
 
@@ -462,6 +486,23 @@ class WorkerGroup:
         self._stop_task: asyncio.Task[None] | None = None
         self._stopping = False
         self._keeper: _Keeper | None = None
+        #: The last start's phases (monotonic): ``keeper`` running and asked for the workers,
+        #: ``started`` every worker's pid known (see ``events.RestartClock``).
+        self.start_marks: dict[str, float] = {}
+        auto = (not spec.preload and spec.preload_auto and spec.numa_binding is None
+                and zygote.recipe(spec.entrypoint) is not None)
+        #: Workers are forked from a zygote: with --preload, and by default (``auto``) for
+        #: every Python entrypoint the zygote can run (issue 23).
+        self.warm = bool(spec.preload) or auto
+        #: What the zygote imports: --preload's modules, else what ``auto`` found (or none).
+        self.preload: tuple[str, ...] = spec.preload or (
+            zygote.auto_preload(spec.entrypoint) if auto else ())
+        #: The next attempt's keeper, started ahead of time (exec path; see ``_spare_ahead``).
+        self._spare: asyncio.Task[_Spare] | None = None
+        self._spare_timer: asyncio.TimerHandle | None = None
+        self._closed = False
+        #: Keepers whose trees are gone, exiting (see ``_close_keeper``).
+        self._exiting: set[asyncio.Task[None]] = set()
         #: --preload: the node's zygote (its process, the agent's end of its socket, its exit).
         self._zygote: tuple[asyncio.SubprocessTransport, socket.socket, asyncio.Future[int]] | None = None
 
@@ -503,12 +544,16 @@ class WorkerGroup:
             self._workers.append(worker)
             exited.add_done_callback(lambda fut, w=worker: self._on_exited(w, fut))
             worker.stacks = await self._open_stacks(assignment, local_rank)
+        self.start_marks = {}
         self._keeper = await self._start_keeper(loop, assignment)
+        self.start_marks["keeper"] = time.monotonic()
         for worker, started in zip(list(self._workers), self._keeper.started):
             result = await started
             if isinstance(result, OSError):
                 await self._start_failed(worker, result)
+        self.start_marks["started"] = time.monotonic()
         await self.prepare()  # a zygote that died is replaced (imports) while this runs
+        self._spare_later()
         self.state = WorkerState.HEALTHY
         return self.workers
 
@@ -546,35 +591,111 @@ class WorkerGroup:
         """
         spec = self.spec
         handle = _Keeper(loop, self._workers, spec.entrypoint[0])
-        if spec.preload:
+        if self.warm:
             await self.prepare()
         if self._zygote is not None:
             forked = await self._start_from_zygote(loop, assignment, handle)
             if forked is not None:
                 return forked
-        ours, theirs = socket.socketpair()
+        try:
+            spare = await self._take_spare(loop)
+        except OSError as exc:
+            handle.fail_all(exc)
+            return handle
+        handle.process, handle.exited = spare.process, spare.exited
+        handle.pid = spare.process.get_pid()
+        return await self._ask_keeper(loop, spare.sock, handle, assignment, None)
+
+    async def _ask_keeper(self, loop: asyncio.AbstractEventLoop, ours: socket.socket,
+                          handle: _Keeper, assignment: RankAssignment,
+                          how: tuple | None) -> _Keeper:
+        """Hand a running keeper (``ours``: the agent's end of its socket) the workers to
+        start, their pipes as SCM_RIGHTS (``how``: a forked worker's recipe, or None)."""
         write_ends: list[int] = []
         requests = []
         try:
             for w in self._workers:
                 ends = await self._connect_pipes(loop, w, write_ends)
-                requests.append((*self._launch_args(w, assignment), *ends))
-            handle.process, _ = await loop.subprocess_exec(
-                lambda: _KeeperProcess(handle.exited), sys.executable, "-I", "-S",
-                keeper.__file__, str(theirs.fileno()),
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                stderr=None, pass_fds=(theirs.fileno(), *write_ends), start_new_session=True)
-        except BaseException as exc:
+                requests.append((*self._launch_args(w, assignment), *ends, how))
+            await asyncio.to_thread(zygote.send_request, ours, requests)
+        except BaseException as exc:  # e.g. the keeper died just now: no worker can start
             return self._abandon_start(ours, handle, exc)
         finally:
-            theirs.close()
             for fd in write_ends:
                 os.close(fd)
-        handle.pid = handle.process.get_pid()
+        ours.setblocking(False)
         handle.channel, _ = await loop.create_unix_connection(
             lambda: _KeeperChannel(handle), sock=ours)
-        handle.channel.write(keeper.frame(requests))  # type: ignore[attr-defined]
         return handle
+
+    # -- keepers started ahead of time (issue 23) -----------------------------------------
+
+    async def _spawn_keeper(self, loop: asyncio.AbstractEventLoop) -> _Spare:
+        """Start a keeper that waits for its request (``python -I -S keeper.py FD``). Its
+        end of the socket is its alone, so the agent's death (EOF) ends it, idle or not."""
+        ours, theirs = socket.socketpair()
+        exited: asyncio.Future[int] = loop.create_future()
+        try:
+            process, _ = await loop.subprocess_exec(
+                lambda: _KeeperProcess(exited), sys.executable, "-I", "-S",
+                keeper.__file__, str(theirs.fileno()),
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=None, pass_fds=(theirs.fileno(),), start_new_session=True)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return _Spare(process, ours, exited)
+
+    def _spare_ahead(self) -> None:
+        """Start the next attempt's keeper in the background, unless one is there or coming.
+        The exec path only: a zygote forks its keepers."""
+        self._cancel_spare_timer()
+        if self._spare is not None or self._closed or (
+                self.warm and self._zygote is not None):
+            return
+        loop = asyncio.get_running_loop()
+        self._spare = loop.create_task(self._spawn_keeper(loop), name="spare keeper")
+
+    def _spare_later(self) -> None:
+        """After a start: the next keeper once the workers had time to start (on 2 cores
+        its interpreter would compete with theirs), or when a stop begins, if sooner."""
+        if self._spare is None and not self._closed:
+            self._spare_timer = asyncio.get_running_loop().call_later(
+                SPARE_DELAY, self._spare_ahead)
+
+    async def _take_spare(self, loop: asyncio.AbstractEventLoop) -> _Spare:
+        """The keeper started ahead for this attempt if it is alive, else one started now."""
+        pending, self._spare = self._spare, None
+        if pending is not None:
+            try:
+                spare = await pending
+            except OSError as exc:
+                log.warning("the keeper started ahead of time failed (%s): starting one now",
+                            exc)
+            else:
+                if not spare.exited.done() and not _hung_up(spare.sock):
+                    return spare
+                spare.close()
+        return await self._spawn_keeper(loop)
+
+    def _cancel_spare_timer(self) -> None:
+        if self._spare_timer is not None:
+            self._spare_timer.cancel()
+            self._spare_timer = None
+
+    async def _drop_spare(self) -> None:
+        pending, self._spare = self._spare, None
+        self._cancel_spare_timer()
+        if pending is None:
+            return
+        try:
+            spare = await pending
+        except OSError:
+            return
+        spare.close()  # EOF: it exits, having started nothing
+        await asyncio.wait([spare.exited], timeout=KILL_WAIT)
 
     # -- --preload: warm zygotes ------------------------------------------------------------
 
@@ -587,21 +708,27 @@ class WorkerGroup:
         return {k: v for k, v in env.items() if k not in zygote.LAUNCHER_VARS}
 
     async def prepare(self) -> None:
-        """With ``spec.preload``, start the node's zygote (:mod:`.zygote`) unless a live one
+        """When the workers are forked (``spec.preload``, or ``auto``), start the node's zygote
+        (:mod:`.zygote`) unless a live one
         runs already (a dead one is replaced). It imports in the background: call this early
         (before the rendezvous). It forks each attempt's keeper. No-op without preload."""
-        if not self.spec.preload:
+        if not self.warm:
+            if not self._workers:
+                self._spare_ahead()  # the first attempt's keeper, during the rendezvous
             return
         if self._zygote is not None:
             if not self._zygote[2].done():
                 return
-            await self.close()  # it died: replace it
+            await self._close_zygote()  # it died: replace it
         loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair()
-        argv = zygote.command(self.spec.entrypoint, self.spec.preload, theirs.fileno())
+        argv = zygote.command(self.spec.entrypoint, self.preload, theirs.fileno(),
+                              auto=not self.spec.preload)
         if argv is None:
             ours.close()
             theirs.close()
+            if not self._workers:
+                self._spare_ahead()  # the exec path's keeper, then
             return
         exited: asyncio.Future[int] = loop.create_future()
         try:
@@ -618,8 +745,15 @@ class WorkerGroup:
         self._zygote = (process, ours, exited)
 
     async def close(self) -> None:
-        """End the zygote, if any (the agent's exit would end it too); the keepers it forked
-        live on until their own sockets close."""
+        """End the zygote and the keeper started ahead, if any (the agent's exit would end
+        them too); the keepers the zygote forked live on until their own sockets close."""
+        self._closed = True
+        await self._drop_spare()
+        if self._exiting:
+            await asyncio.wait(list(self._exiting))  # the last keepers' own exits
+        await self._close_zygote()
+
+    async def _close_zygote(self) -> None:
         current, self._zygote = self._zygote, None
         if current is None:
             return
@@ -654,23 +788,8 @@ class WorkerGroup:
         handle.pid, pidfd = forked
         handle.process = _ForkedKeeper(loop, pidfd, handle)  # type: ignore[assignment]
         spec = self.spec
-        write_ends: list[int] = []
-        requests = []
         how = zygote.recipe(spec.entrypoint) if spec.numa_binding is None else None
-        try:
-            for w in self._workers:
-                ends = await self._connect_pipes(loop, w, write_ends)
-                requests.append((*self._launch_args(w, assignment), *ends, how))
-            await asyncio.to_thread(zygote.send_request, ours, requests)
-        except BaseException as exc:  # e.g. the keeper died just now: no worker can start
-            return self._abandon_start(ours, handle, exc)
-        finally:
-            for fd in write_ends:
-                os.close(fd)
-        ours.setblocking(False)
-        handle.channel, _ = await loop.create_unix_connection(
-            lambda: _KeeperChannel(handle), sock=ours)
-        return handle
+        return await self._ask_keeper(loop, ours, handle, assignment, how)
 
     def _abandon_start(self, ours: socket.socket, handle: _Keeper,
                        exc: BaseException) -> _Keeper:
@@ -892,10 +1011,17 @@ class WorkerGroup:
 
     async def _stop(self, timeout: float) -> None:
         self._stopping = True
+        if self.state is WorkerState.SUCCEEDED:
+            self._cancel_spare_timer()  # no next attempt to start a keeper for
+        else:
+            self._spare_ahead()  # the next attempt's keeper starts while these stop
         if self._outcome is not None and not self._outcome.done():
             self._settle(WorkerState.STOPPED)
+        # The workers first, at once: the search for the rest of their trees (a walk of /proc)
+        # runs while they shut down, not before (it was most of a restart's stop).
+        self._signal_all(signal.SIGTERM, {})
         strays = await asyncio.to_thread(self._find_strays)
-        self._signal_all(signal.SIGTERM, strays)
+        self._signal_all(signal.SIGTERM, strays, workers=False)
         if not await self._wait_gone(strays, timeout):
             # Look again: the tree may have grown while it was shutting down.
             strays.update(await asyncio.to_thread(self._find_strays))
@@ -909,33 +1035,61 @@ class WorkerGroup:
                           "sleep?); giving up on them", KILL_WAIT)
         # Anything still in a worker's group or tree (an orphan that ignored SIGTERM after
         # its parent died) gets SIGKILL, so nothing outlives the group.
-        late = await asyncio.to_thread(self._find_strays)
-        self._signal_all(signal.SIGKILL, late)
-        await self._wait_gone(late, KILL_WAIT)
-        await self._drain()
-        for w in self._workers:
-            if w.stacks is not None:
-                w.stacks.close()
-                if self.assignment is not None:
-                    with contextlib.suppress(OSError):
-                        os.unlink(_stacks_fifo(self.spec, self.assignment, w.local_rank))
-        await self._close_keeper()
+        # The keeper's end (at EOF it SIGKILLs whatever is left of its tree) runs while /proc
+        # is searched: both are on a restart's path, neither needs the other.
+        late_scan = asyncio.ensure_future(asyncio.to_thread(self._find_strays))
+        closing = asyncio.ensure_future(self._close_keeper())
+        try:
+            late = await late_scan
+            self._signal_all(signal.SIGKILL, late)
+            await self._wait_gone(late, KILL_WAIT)
+            await self._drain()
+            for w in self._workers:
+                if w.stacks is not None:
+                    w.stacks.close()
+                    if self.assignment is not None:
+                        with contextlib.suppress(OSError):
+                            os.unlink(_stacks_fifo(self.spec, self.assignment, w.local_rank))
+        finally:
+            await closing
 
     async def _close_keeper(self) -> None:
-        """Close our end of the keeper's socket and wait for it to exit: it ends whatever is
-        left of the tree first (nothing, after a stop that went well)."""
+        """End our half of the keeper's socket and wait until it has ended whatever is left
+        of the tree (nothing, after a stop that went well): it closes its end then, before
+        its own exit, which is awaited in the background (``close`` waits for it)."""
         handle = self._keeper
         if handle is None:
             return
         handle.closing = True
-        if handle.channel is not None:
-            handle.channel.close()
-        if handle.process is not None:
-            _, pending = await asyncio.wait([handle.exited], timeout=KILL_WAIT)
-            if pending:
-                log.error("the keeper process %d did not exit %.0f s after the workers' stop; "
-                          "killing it", handle.pid, KILL_WAIT)
+        channel = handle.channel
+        if channel is not None and channel.can_write_eof() and not channel.is_closing():
+            channel.write_eof()  # EOF for the keeper; its own EOF answers once the tree is gone
+        elif channel is not None:
+            channel.close()
+        if handle.process is None:
+            return
+        done, _ = await asyncio.wait([handle.ended, handle.exited], timeout=KILL_WAIT,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if channel is not None:
+            channel.close()
+        if not done:
+            log.error("the keeper process %d did not end the workers' tree %.0f s after their "
+                      "stop; killing it", handle.pid, KILL_WAIT)
+        if handle.exited.done() or not done:
             handle.process.close()  # kills it if it is still there
+            return
+        task = asyncio.get_running_loop().create_task(self._keeper_exit(handle))
+        self._exiting.add(task)
+        task.add_done_callback(self._exiting.discard)
+
+    async def _keeper_exit(self, handle: _Keeper) -> None:
+        """A keeper that ended its tree exits on its own; killed if it has not after a while."""
+        _, pending = await asyncio.wait([handle.exited], timeout=KILL_WAIT)
+        if pending:
+            log.error("the keeper process %d did not exit %.0f s after the workers' stop; "
+                      "killing it", handle.pid, KILL_WAIT)
+        assert handle.process is not None
+        handle.process.close()  # kills it if it is still there
 
     def _find_strays(self) -> dict[int, psutil.Process]:
         """Processes of the workers' trees other than the workers themselves.
@@ -946,40 +1100,28 @@ class WorkerGroup:
         """
         me = os.getpid()
         worker_pids = {w.pid for w in self._workers if w.pid}
-        found: dict[int, psutil.Process] = {}
-        for w in self._workers:
-            if not w.pid or w.exited.done():
-                continue
-            with contextlib.suppress(psutil.Error):
-                for child in psutil.Process(w.pid).children(recursive=True):
-                    found[child.pid] = child
+        roots = [w.pid for w in self._workers if w.pid and not w.exited.done()]
         handle = self._keeper
         if handle is not None and handle.pid and not handle.exited.done():
-            # The keeper is the tree's subreaper: its descendants are the whole tree.
-            with contextlib.suppress(psutil.Error):
-                for proc in psutil.Process(handle.pid).children(recursive=True):
-                    if proc.pid not in worker_pids:
-                        found[proc.pid] = proc
+            roots.append(handle.pid)  # the tree's subreaper: its descendants are the tree
+        found: dict[int, psutil.Process] = {}
+        parents = keeper.parents() if roots else {}  # one walk of /proc for every root
+        for root in roots:
+            for pid in keeper.descendants(root, parents) - worker_pids:
+                with contextlib.suppress(psutil.Error):
+                    found[pid] = psutil.Process(pid)
         keeper_pid = handle.pid if handle is not None else 0
-        markers = {str(w.error_file) for w in self._workers}
-        uid = os.getuid()
-        for proc in psutil.process_iter(["uids"]):
-            pid = proc.pid
-            if pid in found or pid in worker_pids or pid in (me, keeper_pid):
-                continue
-            try:
-                uids = proc.info["uids"]
-                if uids is None or uids.real != uid:
-                    continue
-                if proc.environ().get("TORCHELASTIC_ERROR_FILE") in markers:
-                    found[pid] = proc
-            except psutil.Error:
-                continue
+        markers = [b"\0TORCHELASTIC_ERROR_FILE=" + os.fsencode(w.error_file) + b"\0"
+                   for w in self._workers]
+        for pid in _with_marker(markers, {*found, *worker_pids, me, keeper_pid}):
+            with contextlib.suppress(psutil.Error):
+                found[pid] = psutil.Process(pid)
         return found
 
-    def _signal_all(self, sig: signal.Signals, strays: Mapping[int, psutil.Process]) -> None:
+    def _signal_all(self, sig: signal.Signals, strays: Mapping[int, psutil.Process],
+                    workers: bool = True) -> None:
         own_group = os.getpgrp()
-        for w in self._workers:
+        for w in self._workers if workers else ():
             # The group outlives its leader while any member lives: signal it even if the
             # worker itself has exited.
             if w.pid and w.pid != own_group:
@@ -1044,6 +1186,15 @@ class WorkerGroup:
 
 # -- helpers -------------------------------------------------------------------------------
 
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the other end of an idle keeper's socket is closed (the keeper died): it writes
+    nothing before its request, so anything to read is its EOF. Seen before the loop has
+    reaped the keeper, which would take a moment longer."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN | select.POLLHUP)
+    return bool(poller.poll(0))
+
+
 def _signal_number(sig: int | str) -> int:
     if isinstance(sig, str):
         name = sig.upper()
@@ -1102,6 +1253,27 @@ def _error_message(data: Mapping[str, Any]) -> str:
     if isinstance(msg, Mapping):
         msg = msg.get("message")
     return msg if isinstance(msg, str) else ""
+
+
+def _with_marker(markers: Sequence[bytes], skip: set[int]) -> list[int]:
+    """Processes of this user (other than ``skip``) whose environment holds one of
+    ``markers`` (``\\0NAME=VALUE\\0``), read raw from /proc: a dict of every process's
+    environment was most of a stop's time on a busy host."""
+    uid = os.getuid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in skip:
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = b"\0" + f.read() + b"\0"
+        except OSError:
+            continue  # gone, or not ours to read
+        if any(m in env for m in markers):
+            found.append(int(name))
+    return found
 
 
 def _pipe_holders(inodes: set[int]) -> dict[int, psutil.Process]:

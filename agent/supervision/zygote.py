@@ -2,6 +2,17 @@
 attempt's keeper, which forks each worker and runs the training script in the forked process,
 instead of exec'ing a new interpreter that imports them again.
 
+``--preload auto``, the default (issue 23): every Python worker (``python -u SCRIPT`` or
+``-m MODULE``) is forked from the node's zygote, so no restart waits for interpreters to
+start; and when the script starts with imports that include torch, before any other
+statement (:func:`auto_preload`), the zygote imports torch first, as with ``--preload
+torch``: no restart waits for the workers to import it again. ``--no-python``,
+``--run-path``, ``--numa-binding`` and ``--preload off`` are exec'ed as before. In that mode
+the zygote is silent when torch fails to import (the workers import it again and report
+their own error). What a worker gives up by default is the list of known differences below
+(its own hash seed, its command line in ``ps``, the zygote's modules already imported), and
+torch's import-time messages are printed once, on the agent's stderr, not in each rank's log.
+
 Two halves in one stdlib-only file (it never imports torch itself: only what ``--preload``
 names, by name, at run time):
 
@@ -31,7 +42,8 @@ in ``os.environ`` (and the C environment) before any user code, the signal dispo
 zygote had at birth (Python's own: SIGINT raises KeyboardInterrupt, SIGPIPE/SIGXFSZ ignored),
 unbuffered stdio on the agent's pipes, stdin /dev/null, its own session and process group,
 PR_SET_PDEATHSIG naming the keeper. Known differences: the hash seed (``PYTHONHASHSEED``
-random) is the zygote's, shared by all forked workers; modules the preload imported are
+random) is the zygote's, shared by all forked workers; ``/proc/PID/cmdline`` (``ps``) shows
+the zygote's command line, not the script's; modules the preload imported are
 already in ``sys.modules``; ``random`` is reseeded after the fork by Python itself and
 ``numpy.random`` here.
 
@@ -95,7 +107,6 @@ FORK = "fork"
 FORKED = "forked"
 REFUSED = "refused"
 _MAX_REQUEST = 64 << 20
-_MAX_FDS = 4096
 _HERE = __file__
 
 
@@ -115,20 +126,74 @@ def recipe(entrypoint: Sequence[str]) -> tuple[str, str, list[str]] | None:
     return ("file", argv[2], argv[3:])
 
 
-def command(entrypoint: Sequence[str], modules: Sequence[str], fd: int) -> list[str] | None:
-    """The zygote's command line for this entrypoint, or None if it cannot be forked from."""
+def command(entrypoint: Sequence[str], modules: Sequence[str], fd: int,
+            auto: bool = False) -> list[str] | None:
+    """The zygote's command line for this entrypoint, or None if it cannot be forked from.
+    ``auto``: the modules are ``--preload auto``'s choice, not the user's (the zygote then
+    says nothing when one fails to import: the workers import it again and say it)."""
     how = recipe(entrypoint)
     if how is None:
         return None
     kind, target, _ = how
     path0 = (os.getcwd() if kind == "module"
              else os.path.dirname(os.path.realpath(target)))
-    return [sys.executable, "-u", os.path.abspath(__file__), str(fd), path0, ",".join(modules)]
+    return [sys.executable, "-u", os.path.abspath(__file__), str(fd), path0, ",".join(modules),
+            *(["auto"] if auto else [])]
+
+
+#: The largest script ``auto_preload`` reads.
+AUTO_MAX_BYTES = 1 << 20
+#: What ``--preload auto`` preloads, by the top-level package a script imports.
+AUTO_MODULES = ("torch",)
+
+
+def auto_preload(entrypoint: Sequence[str]) -> tuple[str, ...]:
+    """``--preload auto``: the packages of :data:`AUTO_MODULES` (torch) that a script run as
+    ``python -u SCRIPT`` imports in the imports it starts with, before any other statement
+    (a docstring aside); else ``()``: the zygote imports nothing of the script's.
+
+    Why only leading imports: a statement before them may change what the import does (an
+    ``os.environ`` set for torch to read); a forked worker finds torch already imported by
+    the zygote, with the zygote's environment (the workers' own, minus the per-rank
+    variables). An ``import torch`` inside a function, a ``try``, or after code does not
+    count. ``-m`` modules, ``-c`` and anything unreadable or unparsable are not looked at."""
+    how = recipe(entrypoint)
+    if how is None or how[0] != "file":
+        return ()
+    try:
+        with open(how[1], "rb") as f:
+            source = f.read(AUTO_MAX_BYTES + 1)
+    except OSError:
+        return ()
+    if len(source) > AUTO_MAX_BYTES:
+        return ()
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ()
+    found: list[str] = []
+    for i, node in enumerate(tree.body):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module] if node.level == 0 and node.module else []
+        elif i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # the docstring
+        else:
+            break
+        for name in names:
+            top = name.partition(".")[0]
+            if top in AUTO_MODULES and top not in found:
+                found.append(top)
+    return tuple(found)
 
 
 def send_request(sock: object, requests: list[tuple]) -> None:
-    """Send the workers to start: each request's two pipe descriptors travel as SCM_RIGHTS
-    and are replaced by their index in the message. Blocking (the keeper is reading)."""
+    """Send the workers to start to a keeper (forked or exec'ed: ``keeper.read_request``):
+    each request's two pipe descriptors travel as SCM_RIGHTS and are replaced by their index
+    in the message. Blocking (the keeper is reading)."""
     import socket
 
     from elastic_agent.supervision.keeper import frame
@@ -229,41 +294,14 @@ class BecomeKeeper(BaseException):
         self.close = close
 
 
-def read_request(ctl: int, unframer: object) -> object | None:
-    """The agent's request with its descriptors (see :func:`send_request`), or None at EOF."""
-    import socket
-
-    sock = socket.socket(fileno=os.dup(ctl))
-    fds: list[int] = []
-    try:
-        while True:
-            try:
-                data, got, flags, _ = socket.recv_fds(sock, 1 << 16, _MAX_FDS)
-            except ConnectionResetError:
-                data, got, flags = b"", [], 0
-            fds += got
-            if flags & socket.MSG_CTRUNC:  # descriptors lost: no worker could get its pipes
-                data = b""
-            if not data:
-                for fd in fds:
-                    os.close(fd)
-                return None
-            messages = unframer.feed(data)  # type: ignore[attr-defined]
-            if messages:
-                break
-    finally:
-        sock.close()  # the dup, not ctl
-    request = messages[0]
-    assert isinstance(request, list)
-    return [(argv, env, fds[o], fds[e], *rest) for argv, env, o, e, *rest in request]
-
-
 class Zygote:
     """The fork policy of the zygote and of the keepers it forks, and the zygote's loop."""
 
-    def __init__(self, keeper: object) -> None:
+    def __init__(self, keeper: object, auto: bool = False) -> None:
         #: The keeper module, loaded by path (the zygote has no package on its path).
         self.keeper = keeper
+        #: Started by ``--preload auto``, not by the user's ``--preload``.
+        self.auto = auto
         self.birth_env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
         #: The dispositions this interpreter was born with, before the zygote ignored or
         #: handled any: what a forked worker gets, and what an exec'ed one inherits.
@@ -299,8 +337,9 @@ class Zygote:
     def warn(self, hazard: str) -> None:
         if not self.warned:
             self.warned = True
+            what = "the warm start (--preload auto)" if self.auto else "--preload"
             print(f"elastic-agent zygote: {hazard}: starting workers with a new interpreter "
-                  "instead (--preload gains nothing)", file=sys.stderr, flush=True)
+                  f"instead ({what} gains nothing)", file=sys.stderr, flush=True)
 
     def serve(self, ctl: int) -> int:
         """Fork a keeper for each request on ``ctl`` until its EOF (the agent closed it or is
@@ -501,11 +540,12 @@ def _run_worker(exc: BecomeWorker) -> None:
 
 
 def _serve(argv: list[str]) -> int:
-    """``zygote.py FD SYS_PATH0 MODULES``: preload, then fork keepers until EOF on FD."""
+    """``zygote.py FD SYS_PATH0 MODULES [auto]``: preload, then fork keepers until EOF on FD."""
     import importlib
     import importlib.util
 
     fd, path0, modules = int(argv[1]), argv[2], [m for m in argv[3].split(",") if m]
+    auto = argv[4:5] == ["auto"]
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[0] = path0  # as the worker will have it, not this file's directory
     spec = importlib.util.spec_from_file_location("_elastic_agent_keeper",
@@ -514,11 +554,13 @@ def _serve(argv: list[str]) -> int:
     keeper = importlib.util.module_from_spec(spec)
     sys.modules["_elastic_agent_keeper"] = keeper
     spec.loader.exec_module(keeper)
-    zygote = Zygote(keeper)
+    zygote = Zygote(keeper, auto)
     for name in modules:
         try:
             importlib.import_module(name)
         except BaseException as err:
+            if auto:
+                continue  # the workers import it again, and their error is theirs to show
             print(f"elastic-agent zygote: --preload {name}: {type(err).__name__}: {err}",
                   file=sys.stderr, flush=True)
     global _ZYGOTE

@@ -1,9 +1,10 @@
 """Timeline: what happened to the job, one line per entry, newest at the bottom.
 
 Rendezvous rounds, nodes joining, leaving and lost, failures with their root cause, restarts
-with their reason, commands (sent from here) and who acked them, the job's end. ``enter`` on an
+with their reason and, once the workers run again, how long the restart took and in which
+phases, commands (sent from here) and who acked them, the job's end. ``enter`` on an
 entry opens it in full (:class:`~elastic_console.widgets.dialogs.DetailScreen`: the
-traceback of a failure, the members of a round).
+traceback of a failure, the members of a round, each phase of a restart).
 
 It is an ``OptionList`` fed incrementally from ``JobView.timeline``: ``timeline_total`` says
 how many entries are new; when older entries fell off the bounded deque the list is rebuilt
@@ -33,6 +34,7 @@ KIND_STYLES: dict[str, tuple[str, Style]] = {
     "failure": ("✖", Style(color="red", bold=True)),
     "group_failed": ("✖", Style(color="red", bold=True)),
     "restart": ("↻", Style(color="blue", bold=True)),
+    "restarted": ("↻", Style(color="green")),  # workers running again, and how long it took
     "ack": ("✓", Style(color="green")),
     "command": ("➜", Style(color="magenta", bold=True)),
     "job": ("■", Style(bold=True)),
