@@ -161,7 +161,7 @@ from log_view_bench import make_pool
 
 SIZE = (200, 60)
 GOAL_MS = 100.0
-NPROC = 16  # workers per node
+NPROC = 16  # workers per node by default (--nproc-per-node; the issue's 4,096 x 8 is 8)
 NODE_TICK = LOG_LINGER  # each node ships its workers' lines as its agent does (staggered)
 KEY_TIMEOUT_S = 2.0
 STEADY_MIN_S = 2.0
@@ -214,17 +214,19 @@ class Node:
 class Feeder:
     """Writes the synthetic job: exactly what agents would write for it."""
 
-    def __init__(self, r: redis.Redis, job: str, ranks: int, rate: float, seed: int) -> None:
+    def __init__(self, r: redis.Redis, job: str, ranks: int, rate: float, seed: int,
+                 nproc: int = NPROC) -> None:
         self.r = r
         self.job = job
         self.keys = JobKeys(job)
         self.world = ranks
         self.rate = rate
+        self.nproc = nproc
         self.nodes: list[Node] = []
-        for g in range(math.ceil(ranks / NPROC)):
-            rs = list(range(g * NPROC, min(ranks, (g + 1) * NPROC)))
-            self.nodes.append(Node(f"gpu{g:03d}-{7000 + g}-{g * 2654435761 % 16**6:06x}",
-                                   f"gpu{g:03d}", g, rs, 40_000 + g * 100))
+        for g in range(math.ceil(ranks / nproc)):
+            rs = list(range(g * nproc, min(ranks, (g + 1) * nproc)))
+            self.nodes.append(Node(f"gpu{g:04d}-{7000 + g}-{g * 2654435761 % 16**6:06x}",
+                                   f"gpu{g:04d}", g, rs, 40_000 + g * 100))
         self.event_seq: dict[str, int] = {}
         self.batch_seq: dict[tuple[int, str, int], int] = {}
         self.attempt = 1
@@ -262,7 +264,7 @@ class Feeder:
         pipe.zadd(JOBS_INDEX, {self.job: now_ms})
         pipe.hset(k.meta, mapping={"created_ms": now_ms, "min_nodes": len(self.nodes),
                                    "max_nodes": len(self.nodes), "max_restarts": 3,
-                                   "nproc_per_node": NPROC,
+                                   "nproc_per_node": self.nproc,
                                    "entrypoint": json.dumps(["python", "train.py"])})
         for n in self.nodes:
             pipe.sadd(k.log_streams, k.logs(n.node))
@@ -296,6 +298,11 @@ class Feeder:
                      "rss": 3_000_000_000 + self.rnd.randrange(500_000_000),
                      "threads": 24, "ts": now}, separators=(",", ":"))
         self.r.hset(self.keys.resources, mapping=mapping)
+        # And every node's heartbeat (rendezvous.py: server time in a sorted set), without
+        # which the console sees a lost job (commands disabled) rather than a running one.
+        secs, micros = self.r.time()
+        now_ms = int(secs) * 1000 + int(micros) // 1000
+        self.r.zadd(self.keys.rdzv_heartbeats, {n.node: now_ms for n in self.nodes})
 
     def fail_and_stop(self, pipe: Any) -> None:
         """Rank FAIL_RANK fails; the group is stopped and a restart claimed (as agents do)."""
@@ -502,7 +509,7 @@ def feeder_main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     r = make_client(args.url)
-    feeder = Feeder(r, args.job, args.ranks, args.rate, args.seed)
+    feeder = Feeder(r, args.job, args.ranks, args.rate, args.seed, args.nproc_per_node)
     feeder.setup()
     history = feeder.prefill(args.history)
     print(f"ready {history} {feeder.entries_written}", flush=True)
@@ -1078,6 +1085,7 @@ def run_setting(children: Children, server: RedisServer, args: argparse.Namespac
                 scrollback: int) -> dict[str, Any]:
     job = f"console-bench-{scrollback}-{os.getpid()}"
     common = ["--url", server.url, "--job", job, "--ranks", str(args.ranks),
+              "--nproc-per-node", str(args.nproc_per_node),
               "--rate", str(args.rate), "--seed", str(args.seed)]
     feeder = children.start(["--feeder", *common, "--history", str(args.history)],
                             stdout=subprocess.PIPE)
@@ -1234,6 +1242,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="measured window per scrollback setting (default 20)")
     parser.add_argument("--rate", type=int, default=50_000, help="log lines/s in total")
     parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--nproc-per-node", type=int, default=NPROC,
+                        help=f"ranks per node (default {NPROC}; --ranks 32768 "
+                        "--nproc-per-node 8 is 4,096 nodes x 8)")
     parser.add_argument("--scrollback", default="500,2000",
                         help="comma-separated lines per rank, one run each")
     parser.add_argument("--history", type=float, default=30.0,
@@ -1280,8 +1291,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.start()
         version = make_client(server.url).info("server")["redis_version"]
-        nodes = math.ceil(args.ranks / NPROC)
-        print(f"console bench: {args.ranks} ranks ({nodes} nodes x {NPROC}), {args.rate:,} "
+        nodes = math.ceil(args.ranks / args.nproc_per_node)
+        print(f"console bench: {args.ranks} ranks ({nodes} nodes x {args.nproc_per_node}), "
+              f"{args.rate:,} "
               f"lines/s through Redis {version}, {args.history:g} s of history, "
               f"{args.seconds:g} s measured per setting, {SIZE[0]}x{SIZE[1]} headless, "
               f"textual {textual.__version__}, Python {sys.version.split()[0]}, "

@@ -407,29 +407,34 @@ class JobClient:
 
     # -- reading the streams -----------------------------------------------------------------
     async def history(self, max_events: int = 10_000,
-                      max_log_entries_per_stream: int = 2_000) -> tuple[list[Event], list[LogBatch]]:
+                      max_log_entries_per_stream: int = 2_000, *,
+                      logs: bool = True) -> tuple[list[Event], list[LogBatch]]:
         """The newest ``max_events`` events and the newest ``max_log_entries_per_stream``
         entries of every log stream Redis still keeps, each list oldest first (log batches of
         all nodes merged by stream id, i.e. server time). ``0`` log entries: none are read.
 
         Sets the follow cursor to the newest id of every stream, so :meth:`follow` continues
-        exactly after what this returned (no gap, no duplicate).
+        exactly after what this returned (no gap, no duplicate). ``logs=False``: the log
+        streams are not touched at all, not even for the cursor (one read per node: 4,096
+        round trips' worth for a big job), for readers that never follow logs (``status``).
         """
         with self._errors():
-            return await self._read_history(max_events, max_log_entries_per_stream)
+            return await self._read_history(max_events, max_log_entries_per_stream, logs)
 
-    async def _read_history(self, max_events: int,
-                            max_log_entries_per_stream: int) -> tuple[list[Event], list[LogBatch]]:
+    async def _read_history(self, max_events: int, max_log_entries_per_stream: int,
+                            logs: bool = True) -> tuple[list[Event], list[LogBatch]]:
         # Raw redis errors: follow() tells an outage from a refusal by their type.
         k = self.keys
         pipe = self._client.pipeline(transaction=False)
         pipe.xrevrange(k.events, count=max(1, max_events))
-        pipe.smembers(k.log_streams)
-        raw_events, raw_streams = await pipe.execute(raise_on_error=False)
+        if logs:
+            pipe.smembers(k.log_streams)
+        raw_events, *rest = await pipe.execute(raise_on_error=False)
+        raw_streams = rest[0] if rest else []
         _raise_outage([raw_events, raw_streams])
         if isinstance(raw_events, Exception):
             raw_events = self._refused(k.events, raw_events)
-        streams = self._log_stream_names(raw_streams)
+        streams = self._log_stream_names(raw_streams) if logs else []
         self._last_ids[k.events] = _s(raw_events[0][0]) if raw_events else "0-0"
         events = []
         if max_events > 0:
