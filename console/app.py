@@ -44,6 +44,10 @@ confirm dialog whose default is Cancel. They are disabled, visibly in the footer
 and explained when pressed, with ``--read-only``, when the Redis user may not write the command
 stream, before the job's state is known, once the job has ended, and while no agent runs.
 ``q`` detaches: it never stops the job.
+
+A big job (issue 21: 4,096 nodes x 8 ranks): ``n`` shows the rank table by node (worst first),
+``:`` or a digit typed in the table jumps to a rank or a host (:class:`.widgets.goto.GotoScreen`,
+then :meth:`RankTable.goto`).
 """
 
 from __future__ import annotations
@@ -100,6 +104,7 @@ from .state import (
 )
 from .widgets.dialogs import CommandDialog, DetailScreen
 from .widgets.footer import KeyFooter
+from .widgets.goto import GotoScreen
 from .widgets.header import ALERT, ENDED_OK, ENDED_OTHERWISE, Banner, JobHeader
 from .widgets.help import HelpScreen, KeyHelp
 from .widgets.log_panel import FilterBar, LogTitle
@@ -161,6 +166,10 @@ KEY_HELP: tuple[tuple[str, str, str, str | None], ...] = (
     ("Logs", "← →", "scroll sideways when not wrapping", None),
     ("Ranks", "↑↓ j k  g G", "select a rank (its logs with `a`, its CPU/RSS)", None),
     ("Ranks", "o  O", "sort by the next column / reverse (or click a header)", None),
+    ("Ranks", "n", "by node: one row per node, worst state first, its ranks counted by state; "
+     "n or enter on a node: back to its ranks (the cursor on its worst one)", None),
+    ("Ranks", ":  0-9", "go to a rank (its number) or a host or node (its name, or the start "
+     "of it); a digit typed in the table starts the number", None),
     ("Ranks", "", "QUIET: time since the rank's last log line; EXIT: code or signal", None),
     ("Timeline", "↑↓ j k", "move in the timeline", None),
     ("Timeline", "enter", "the entry in full (a failure's traceback; a stall's stacks)", None),
@@ -209,6 +218,8 @@ class ConsoleApp(App[int]):
         Binding("f", "follow", "Follow", show=False, id="console.follow"),
         Binding("o", "sort", "Sort", id="console.sort"),
         Binding("O", "sort(True)", "Reverse sort", show=False, id="console.sort_reverse"),
+        Binding("n", "by_node", "By node", show=False, id="console.by_node"),
+        Binding("colon", "goto", "Go to", show=False, id="console.goto"),
         Binding("d", "stacks", "Stacks", show=False, id="console.stacks"),
         Binding("ctrl+s", "save_log", "Save", show=False, id="console.save"),
         Binding("escape", "back", "Back", show=False, id="console.back"),
@@ -776,6 +787,9 @@ class ConsoleApp(App[int]):
     def on_rank_table_sort_changed(self, message: RankTable.SortChanged) -> None:
         self._show_sort(message.description)
 
+    def on_rank_table_goto_requested(self, message: RankTable.GotoRequested) -> None:
+        self.action_goto(message.text)
+
     def on_log_view_follow_changed(self, message: LogView.FollowChanged) -> None:
         self._update_log_title()
 
@@ -980,7 +994,32 @@ class ConsoleApp(App[int]):
         self._show_sort(self.rank_table.cycle_sort(reverse=reverse))
 
     def _show_sort(self, description: str) -> None:
-        self.rank_table.border_title = f"Ranks · {description}"
+        what = "Nodes" if self.rank_table.by_node else "Ranks"
+        self.rank_table.border_title = f"{what} · {description}"
+
+    def action_by_node(self) -> None:
+        """``n``: one row per node, or per rank again (rank_table.py)."""
+        table = self.rank_table
+        table.set_by_node(not table.by_node)
+        self._show_sort(table.sort_description())
+        self._check_selection()
+
+    def action_goto(self, text: str = "") -> None:
+        """``:`` (or a digit in the rank table): ask for a rank or a host, then go there."""
+        if self.screen is not self.main_screen:
+            return
+        self.push_screen(GotoScreen(text, cursor_blink=self.cursor_blink), self._goto_chosen)
+
+    def _goto_chosen(self, text: str | None) -> None:
+        if not text:
+            return
+        table = self.rank_table
+        if table.goto(text):
+            table.focus()
+            self._check_selection()
+        else:
+            self.notify(f"no rank, host or node matches {sanitize(text)!r}", markup=False,
+                        severity="warning")
 
     def action_stacks(self) -> None:
         """Every rank's stacks (issue 13). The request changes nothing in the job: no confirm,
@@ -1042,6 +1081,9 @@ class ConsoleApp(App[int]):
             ("Logs: timestamps", "t", self.action_toggle_timestamps),
             ("Logs: follow", "f / end", self.action_follow),
             ("Sort the ranks by the next column", "o", self.action_sort),
+            ("Ranks: by node / by rank", "n: one row per node, worst first",
+             self.action_by_node),
+            ("Go to a rank or a host", ": or a digit in the rank table", self.action_goto),
             ("Help: every key", "?", self.action_help),
             ("Detach", "q: the job keeps running", self.exit),
         )
