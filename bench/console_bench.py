@@ -11,10 +11,12 @@ Setup (one invocation)
   ends them):
 
   - the *feeder* writes a synthetic but protocol-exact job with the agent's encoders: 64 nodes
-    x 16 workers, ``node_joined`` per node, ``rendezvous_complete`` (world 1024) by group rank
+    x 16 workers (``--ranks`` and ``--nproc-per-node``: 4,096 nodes x 8 is ``--ranks 32768
+    --nproc-per-node 8``), ``node_joined`` per node, ``rendezvous_complete`` (world 1024) by group rank
     0, ``workers_started`` per node (events numbered per node with ``seq``), the meta hash
     (with ``nproc_per_node``, as the agent writes it), the job index, the log-stream set, and
-    a resource sample for every rank (``HSET JobKeys.resources``, renewed every second). It
+    a resource sample for every rank (``HSET JobKeys.resources``) and a heartbeat of every
+    node (``ZADD JobKeys.rdzv_heartbeats``), both renewed every second. It
     pre-fills ``--history`` seconds of the feed (default 30 s, 1.5M lines: what a console
     attaching to a running job finds), then writes log lines to the 64 per-node streams at a
     steady ``--rate`` lines/s in total, as agents do: each node every ``LOG_LINGER`` (50 ms),
@@ -40,23 +42,23 @@ What "key latency" measures
 
 Keys are sent exactly as Pilot sends them (``events.Key`` through the driver), one at a time,
 60-180 ms apart (seeded), cycling through: ``j k down up`` in the rank table, ``a a`` (one
-rank's log / all ranks), ``e e`` (stderr only), ``tab tab`` (to the timeline, to the log),
-``k end up f`` in the log view (scroll up, follow), ``/ l o s s enter`` (filter ``loss``),
-``/ escape`` (filter cleared), ``t t`` (timestamps), ``w w`` (wrap), ``tab`` (back to the
-ranks). For each key the bench knows the state the key must produce (the cursor row, the
-focused widget, ``LogView.stderr_only``, the input's text...) and the widget that shows it.
-t0 is taken just before the key is handed to the driver. The clock stops when the first
-compositor update in which that widget was rendered (its ``render_lines`` ran) *while the
-new state held* has been turned into terminal output: the headless driver skips that last
-step, so the bench does it (``CompositorUpdate.render_segments``, bytes discarded) for every
-frame, as a real terminal would cost. So the figure includes queueing behind the Redis
-reader and the 10 Hz refresh, the key's handler, Textual's refresh scheduling, compositing
-and rendering the frame to bytes; it excludes only the terminal emulator's own drawing. A
-key whose new state is already there before it is pressed is skipped (it would only time
-the next frame); a key not on screen within 2 s counts as a timeout (a miss). The row "of
-which until the key's state changed" is when the new state was first seen, polled by the
-5 ms stall meter and at the widget's render: key queueing plus its handler, roughly; the
-rest of the latency is waiting for, compositing and rendering the frame.
+rank's log / all ranks), ``e e`` (stderr only), ``n n`` (the rank table by node and back),
+``tab tab`` (to the timeline, to the log), ``k end up f`` in the log view (scroll up, follow),
+``/ l o s s enter`` (filter ``loss``), ``/ escape`` (filter cleared), ``t t`` (timestamps),
+``w w`` (wrap), ``tab`` (back to the ranks). For each key the bench knows the state the key
+must produce (the cursor row, the focused widget, ``LogView.stderr_only``, the input's text...) and
+the widget that shows it. t0 is taken just before the key is handed to the driver. The clock
+stops when the first compositor update in which that widget was rendered (its ``render_lines``
+ran) *while the new state held* has been turned into terminal output: the headless driver skips
+that last step, so the bench does it (``CompositorUpdate.render_segments``, bytes discarded)
+for every frame, as a real terminal would cost. So the figure includes queueing behind the
+Redis reader and the 10 Hz refresh, the key's handler, Textual's refresh scheduling,
+compositing and rendering the frame to bytes; it excludes only the terminal emulator's own
+drawing. A key whose new state is already there before it is pressed is skipped (it would only
+time the next frame); a key not on screen within 2 s counts as a timeout (a miss). The row "of
+which until the key's state changed" is when the new state was first seen, polled by the 5 ms
+stall meter and at the widget's render: key queueing plus its handler, roughly; the rest of the
+latency is waiting for, compositing and rendering the frame.
 
 ``await pilot.press(k); await pilot.pause()`` would be the wrong clock here: ``press`` waits
 for the app to be idle, which a constant 50k lines/s feed never lets it be (see
@@ -698,6 +700,12 @@ def _log_flag(name: str) -> Callable[[BenchConsole], Plan]:
     return plan
 
 
+def _by_node(app: BenchConsole) -> Plan:
+    table = app.rank_table
+    want = not table.by_node
+    return (lambda: table.by_node == want), table
+
+
 def _focus_next(app: BenchConsole) -> Plan:
     chain = app.screen.focus_chain
     if app.focused not in chain:
@@ -756,6 +764,8 @@ STEPS: tuple[Step, ...] = (
     Step("a", "a (one rank / all ranks)", "ranks", _toggle_all),
     Step("e", "e (stderr only)", "ranks", _log_flag("stderr_only")),
     Step("e", "e (stderr only)", "ranks", _log_flag("stderr_only")),
+    Step("n", "n (by node / by rank)", "ranks", _by_node),
+    Step("n", "n (by node / by rank)", "ranks", _by_node),
     Step("tab", "tab (focus)", "ranks", _focus_next),
     Step("tab", "tab (focus)", None, _focus_next),
     Step("k", "k up (log: scroll, pause)", "log", _follow(False)),

@@ -525,20 +525,28 @@ class RankTable(RowCursor):
 
     def _group(self, view: JobView) -> list[str]:
         """By node: every rank under its node (``_groups``), and the nodes worst first."""
+        # Once a second over every rank (32,768: ~10 ms), so inlined: node_key and _worst as
+        # calls took three times as long.
         groups: dict[str, list[int]] = {}
-        worst: dict[str, tuple[int, int]] = {}
+        worst: dict[str, int] = {}
+        state_order = _STATE_ORDER.get
         for rank, rs in view.ranks.items():
-            key = node_key(rs)
-            groups.setdefault(key, []).append(rank)
-            w = _worst(rs)
-            if key not in worst or w < worst[key]:
+            key = rs.node or rs.host or "?"
+            w = state_order(rs.state, 9)
+            members = groups.get(key)
+            if members is None:
+                groups[key] = [rank]
                 worst[key] = w
+            else:
+                members.append(rank)
+                if w < worst[key]:
+                    worst[key] = w
         for members in groups.values():
-            members.sort()
+            members.sort()  # already in order, as a rule: a pass
         self._groups = groups
         self._grouped = len(view.ranks)
         # Worst state first; then the node of the lowest rank (a stable, readable order).
-        return sorted(groups, key=lambda k: (worst[k][0], groups[k][0]))
+        return sorted(groups, key=lambda k: (worst[k], groups[k][0]))
 
     def _values(self, key: Any) -> tuple[str, ...] | None:
         """The cells of the row of ``key`` now (None: it is gone)."""
