@@ -174,6 +174,7 @@ SAMPLE_S = 0.25
 STALL_TRACE_MS = 40.0  # --profile: stalls this long are explained from stack samples
 TRACE_KEY_MS = 70.0  # --trace-stalls: keys this slow are explained too (near the goal)
 RSS_GOAL_MIB = 300  # at the default scrollback, up to 1,024 ranks (issue 15: half of 575)
+RSS_GOAL_BIG_MIB = 1024  # beyond 4,096 ranks (issue 21: 32,768 ranks within 1 GiB)
 LEAK_MIB_S = 2.0  # RSS growth over the hold that counts as unbounded (see the docstring)
 
 
@@ -870,12 +871,15 @@ async def console_run(args: argparse.Namespace) -> dict[str, Any]:
                 fed = int(await side.get(fed_key(args.job)) or 0)
                 now = time.perf_counter()
                 rings = app.view.logs
-                full = len(rings) >= args.ranks and min(map(len, rings.values())) >= sb
+                # What a rank's ring keeps: --scrollback, or less for a job of so many ranks
+                # that the rings would pass RANK_LINES_TOTAL together (app._fit_scrollback).
+                kept = app.view.scrollback
+                full = len(rings) >= args.ranks and min(map(len, rings.values())) >= kept
                 if full and not ring_full_at:
                     ring_full_at.append(now)
                     full_lines[0] = app.view.lines_total
                 if (ring_full_at and not turned_at
-                        and app.view.lines_total - full_lines[0] >= args.ranks * sb):
+                        and app.view.lines_total - full_lines[0] >= args.ranks * kept):
                     turned_at.append(now)
                 samples.append((now, app.view.lines_total, fed, _newest_age_ms(app), _rss(),
                                 int(full), sys.getallocatedblocks()))
@@ -998,7 +1002,8 @@ async def console_run(args: argparse.Namespace) -> dict[str, Any]:
             "frames_per_s": frames / window, "bytes_per_frame": frame_bytes / max(frames, 1),
             "ranks": len(app.view.ranks), "ring_min": min(lens, default=0),
             "ring_max": max(lens, default=0), "lines_held": sum(lens),
-            "bound": args.ranks * sb, "all_ring": len(app.view.all_logs),
+            "bound": args.ranks * app.view.scrollback, "kept": app.view.scrollback,
+            "all_ring": len(app.view.all_logs),
             "full_after_s": (ring_full_at[0] - t_win) if ring_full_at else None,
             "turned_after_s": (turned_at[0] - t_win) if turned_at else None,
             "hold_s": (hold[1][0] - hold[0][0]) if hold else 0.0,
@@ -1145,9 +1150,11 @@ def _mib(v: float | None) -> str:
 
 
 def rss_goal(args: argparse.Namespace) -> float | None:
-    """The RSS bound judged (bytes): issue 15's 300 MiB for up to 1,024 ranks at the default
-    scrollback or less; None (not judged) for bigger worlds or scrollbacks."""
-    return RSS_GOAL_MIB * 2**20 if args.ranks <= 1024 else None
+    """The RSS bound judged (bytes) at the default scrollback or less: issue 15's 300 MiB for up
+    to 1,024 ranks, issue 21's 1 GiB beyond 4,096; None (not judged) in between."""
+    if args.ranks <= 1024:
+        return RSS_GOAL_MIB * 2**20
+    return RSS_GOAL_BIG_MIB * 2**20 if args.ranks > 4096 else None
 
 
 def verdict(res: dict[str, Any], rate: float, rss_max: float | None = None) -> dict[str, bool]:
@@ -1213,8 +1220,9 @@ def print_table(results: list[dict[str, Any]], args: argparse.Namespace) -> None
         [f"{r['history_lines']:,} in {r['load_s']:.1f}" for r in results])
     row("per-rank ring min / max lines", [f"{r['ring_min']:,} / {r['ring_max']:,}"
                                           for r in results])
-    row("lines held / bound (ranks x scrollback)",
-        [f"{r['lines_held']:,} / {r['bound']:,}" for r in results], "<= bound")
+    row("lines held / bound (ranks x lines kept per rank)",
+        [f"{r['lines_held']:,} / {r['bound']:,} (x {r['kept']:,})" for r in results],
+        "<= bound")
     row("rings full / turned over after s", [
         ("never" if r["full_after_s"] is None else f"{max(0.0, r['full_after_s']):.1f}")
         + " / " + ("never" if r["turned_after_s"] is None else f"{r['turned_after_s']:.1f}")
@@ -1224,7 +1232,7 @@ def print_table(results: list[dict[str, Any]], args: argparse.Namespace) -> None
         " ".join(_mib(v) for v in r["rss_track"]) or "-" for r in results])
     goal = rss_goal(args)
     row("RSS at end MiB", [_mib(r["rss_end"]) for r in results],
-        "-" if goal is None else f"<= {RSS_GOAL_MIB}")
+        "-" if goal is None else f"<= {goal / 2**20:,.0f}")
     row("hold after turnover: s, RSS growth MiB/s", [
         "- (not reached)" if r["rss_hold0"] is None
         else f"{r['hold_s']:.0f}, {(r['rss_end'] - r['rss_hold0']) / 2**20 / r['hold_s']:+.2f}"

@@ -98,7 +98,9 @@ from .state import (
     DEFAULT_ALL_SCROLLBACK,
     DEFAULT_SCROLLBACK,
     FINAL_STATES,
+    RANK_LINES_TOTAL,
     RUNNING,
+    SCROLLBACK_FLOOR,
     SUCCEEDED,
     JobView,
 )
@@ -126,7 +128,10 @@ POLL_S = 1.0  # resource samples are written once a second
 META_EVERY = 5  # meta hash: every fifth poll
 HISTORY_EVENTS = 10_000
 HISTORY_LINES_TOTAL = 500_000  # log lines read on attach, over all node streams...
-HISTORY_LINES_MIN = 1_000  # ...but at least this many per stream
+#: ...but at least this many per rank of a stream (a few screens of each rank's own past). Per
+#: rank, not per stream: 1,000 lines per stream took every line of 30 s at 4,096 nodes (2.5M,
+#: minutes to fold and 1 GiB), the total cap having been made moot.
+HISTORY_LINES_MIN_PER_RANK = 16
 FOLD_SLICE = 500  # history records folded between yields to the UI
 FOLD_BUDGET_S = 0.005  # live records folded before yielding to the UI
 LIVE_FOLD_SLICE = 256  # live records folded at once (~2 ms at 4,096 ranks) between checks
@@ -435,6 +440,7 @@ class ConsoleApp(App[int]):
                     view.apply_many(records[i:i + FOLD_SLICE])
                     await asyncio.sleep(0)  # let the UI draw and take keys between slices
                     await self.input_gate.pause()
+                self._fit_scrollback()  # the ranks are known from the events: before the lines
             self.loaded = True
             self.post_message(HistoryLoaded(len(events), view.lines_total))
             # The decoded history is folded in: let it go, or every full collection walks it
@@ -478,11 +484,19 @@ class ConsoleApp(App[int]):
                 self.post_message(ReaderFailed(f"internal error: {type(exc).__name__}: {exc}"))
                 await asyncio.sleep(REFUSED_RETRY_S)
 
+    def _fit_scrollback(self) -> None:
+        """The lines each rank's ring keeps: ``--scrollback``, or less when the job has so many
+        ranks that their rings together would hold more than RANK_LINES_TOTAL. Rings made
+        from now on get it; those that exist keep theirs (they were made for fewer ranks)."""
+        share = RANK_LINES_TOTAL // max(1, len(self.view.ranks))
+        self.view.scrollback = min(self.scrollback, max(SCROLLBACK_FLOOR, share))
+
     async def _history_entries(self, client: JobClient, meta: dict[str, str]) -> int:
         """Log entries to read per node stream on attach.
 
         Enough for every rank's scrollback (``nproc`` ranks share a node's stream), but at
-        most ``HISTORY_LINES_TOTAL`` lines over all streams: ``client.history`` reads and
+        most ``HISTORY_LINES_TOTAL`` lines over all streams (or ``HISTORY_LINES_MIN_PER_RANK``
+        lines per rank, when that is more: 32,768 ranks get 16): ``client.history`` reads and
         decodes in one go and the console shows nothing new meanwhile. An entry holds the
         lines of one worker stream (older agents) or of the whole node over 50 ms: a probe
         (the newest entry of each stream) counts the streams and the lines an entry holds.
@@ -490,8 +504,12 @@ class ConsoleApp(App[int]):
         nproc = max(1, _to_int(meta.get("nproc_per_node"), 8))
         _, probe = await client.history(max_events=1, max_log_entries_per_stream=1)
         streams = max(1, len(client.last_ids) - 1)  # the cursor: the events + each log stream
-        per_entry = max(1.0, sum(len(b.lines) for b in probe) / max(1, len({b.id for b in probe})))
-        lines = min(self.scrollback * nproc, max(HISTORY_LINES_MIN, HISTORY_LINES_TOTAL // streams))
+        # An entry is its stream's (its node's) and its id: ids repeat across streams (the same
+        # millisecond), so ids alone counted 3 entries for 400 nodes.
+        entries = len({(b.node, b.id) for b in probe})
+        per_entry = max(1.0, sum(len(b.lines) for b in probe) / max(1, entries))
+        lines = min(self.scrollback * nproc,
+                    max(HISTORY_LINES_MIN_PER_RANK * nproc, HISTORY_LINES_TOTAL // streams))
         return max(1, math.ceil(lines / per_entry))
 
     @work(exclusive=True, group="poll", exit_on_error=False)
@@ -690,6 +708,8 @@ class ConsoleApp(App[int]):
             full = force or now >= self._next_full
             if full:
                 self._next_full = now + TABLE_FULL_S
+            if full:
+                self._fit_scrollback()  # ranks that came since get rings of the right size
             self.rank_table.sync(view, self.now_ms(), full=full)
             self._check_selection()
         self.resources.show(view.ranks.get(self.selected_rank)

@@ -69,6 +69,7 @@ from .formatting import fmt_age, fmt_bytes
 from .state import (
     DEFAULT_ALL_SCROLLBACK,
     DEFAULT_SCROLLBACK,
+    RANK_LINES_TOTAL,
     BatchDeduper,
     ConnectionChange,
     JobView,
@@ -194,8 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the job; without it the console opens on the list of jobs")
     at.add_argument("--read-only", action="store_true", help="never send commands")
     at.add_argument("--scrollback", type=_positive_int, default=DEFAULT_SCROLLBACK, metavar="N",
-                    help=f"log lines kept per rank (default {DEFAULT_SCROLLBACK}); all ranks "
-                         f"interleaved keep max(N, {DEFAULT_ALL_SCROLLBACK})")
+                    help=f"log lines kept per rank (default {DEFAULT_SCROLLBACK}), "
+                         f"{RANK_LINES_TOTAL:,} over all ranks at most (32,768 ranks keep "
+                         f"{RANK_LINES_TOTAL // 32768} each); all ranks interleaved keep "
+                         f"max(N, {DEFAULT_ALL_SCROLLBACK})")
 
     sv = sub.add_parser("serve", parents=[common],
                         help="the console in a web browser (read-only unless --allow-commands)")

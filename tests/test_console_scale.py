@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,10 +12,23 @@ from textual.pilot import Pilot
 from textual.widgets import Input
 
 from elastic_agent.coordination.protocol import EventType
+from elastic_console import app as app_module
+from elastic_console.state import DEFAULT_SCROLLBACK, RESOURCE_HISTORY, JobView
 from elastic_console.widgets import rank_table
 from elastic_console.widgets.goto import GotoScreen
 from elastic_console.widgets.help import HelpScreen, help_text
-from tests.test_console_app import T0, App, console, ev, loaded, on_screen, run, screen_text
+from tests.test_console_app import (
+    T0,
+    App,
+    big_view,
+    console,
+    ev,
+    loaded,
+    logs,
+    on_screen,
+    run,
+    screen_text,
+)
 from tests.waiting import wait_until_async
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -121,10 +135,71 @@ def test_by_node_and_goto_on_a_job_of_4096_ranks(redis_url, r, job_id):
     run(app, body, timeout=120)
 
 
+def test_attach_reads_a_bounded_history_from_many_node_streams(redis_url, r, job_id,
+                                                              monkeypatch):
+    # 400 nodes of 1 rank, 40 entries of 1 line each in every node's stream: 16,000 lines.
+    # With room for 4,000 lines in all, each stream gives its newest 16 (16 per rank), not
+    # everything it has (a floor of 1,000 per stream read all 2.5M lines of 4,096 nodes).
+    monkeypatch.setattr(app_module, "HISTORY_LINES_TOTAL", 4_000)
+    feeder = console_bench.Feeder(r, job_id, 400, 8_000, seed=2, nproc=1)
+    feeder.setup()
+    assert feeder.prefill(2.0) == 16_000
+    app = console(redis_url, job_id)
+
+    async def body(pilot: Pilot[int], app: App) -> None:
+        await loaded(app, 400)
+        assert app.view.lines_total == 400 * app_module.HISTORY_LINES_MIN_PER_RANK
+        assert all(len(app.view.buffer_for(rank)) == 16 for rank in range(400))
+
+    run(app, body)
+
+
+def test_the_ranks_rings_share_a_bound_on_lines(monkeypatch):
+    # 32,768 ranks of 2,000 lines would be 65M lines (several GiB): the rings share a total.
+    monkeypatch.setattr(app_module, "RANK_LINES_TOTAL", 150 * 64)
+    view = big_view(64)
+    app = App("big", view=view, clock=lambda: T0 + 5000)
+
+    async def body(pilot: Pilot[int], app: App) -> None:
+        assert app.scrollback == DEFAULT_SCROLLBACK and view.scrollback == 150
+        logs(view, T0 + 100, "a-1-x", 5, 1, [f"line {i}" for i in range(400)])
+        assert len(view.buffer_for(5)) == 150
+        assert view.buffer_for(5)[-1][3] == "line 399"
+        # Never below the floor, never above --scrollback.
+        monkeypatch.setattr(app_module, "RANK_LINES_TOTAL", 64)
+        app._fit_scrollback()
+        assert view.scrollback == app_module.SCROLLBACK_FLOOR
+        monkeypatch.setattr(app_module, "RANK_LINES_TOTAL", 10**9)
+        app._fit_scrollback()
+        assert view.scrollback == DEFAULT_SCROLLBACK
+
+    run(app, body)
+
+
+def test_resource_samples_of_a_rank_cost_little_and_survive_hostile_numbers():
+    # 32,768 ranks x 120 samples as deques of Python numbers were 382 MiB of the console's
+    # 1 GiB; as arrays of doubles ~2 KiB a rank.
+    view = JobView("big", scrollback=10)
+    ranks = 1000
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for i in range(RESOURCE_HISTORY + 10):
+        view.apply_resources({r: {"cpu": 90.5 + i, "rss": 3_000_000_000 + i, "threads": 24,
+                                  "ts": 1_700_000_000.0 + i} for r in range(ranks)})
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    assert grown / ranks < 3 * 1024, grown / ranks
+    rs = view.ranks[7]
+    assert len(rs.cpu_history) == RESOURCE_HISTORY and rs.cpu_history[-1] == 90.5 + 129
+    assert rs.rss_history[0] == 3_000_000_010
+    view.apply_resources({7: {"cpu": 1.0, "rss": 10**400, "ts": 1_800_000_000.0}})
+    assert rs.rss == 10**400 and rs.rss_history[-1] == float("inf")
+    assert len(rs.rss_history) == RESOURCE_HISTORY
+
+
 def nodes_view_app() -> App:
     """24 nodes x 8 ranks, offline: one rank failed, one node restarting, samples."""
-    from elastic_console.state import JobView
-
     view = JobView("big-42", scrollback=10)
     view.set_connection(True, "redis://redis.internal:6379/0")
     view.apply_meta({"min_nodes": "24", "max_nodes": "24", "max_restarts": "3",
