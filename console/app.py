@@ -126,6 +126,10 @@ TABLE_S = 0.25  # visible rank rows
 TABLE_FULL_S = 1.0  # rank order (sorting), and "seconds since last line" everywhere
 POLL_S = 1.0  # resource samples are written once a second
 META_EVERY = 5  # meta hash: every fifth poll
+#: Resource samples are read on every poll up to this many ranks, on every k-th beyond
+#: (resource_polls_every): reading and folding 32,768 samples costs ~0.25 s of CPU, a quarter of
+#: a core taken from the log reader every second.
+RESOURCE_RANKS_PER_POLL = 8_192
 HISTORY_EVENTS = 10_000
 HISTORY_LINES_TOTAL = 500_000  # log lines read on attach, over all node streams...
 #: ...but at least this many per rank of a stream (a few screens of each rank's own past). Per
@@ -519,11 +523,12 @@ class ConsoleApp(App[int]):
         n = 0
         while True:
             with contextlib.suppress(RedisUnavailableError):  # the reader reports outages
-                samples = list((await client.resources()).items())
-                for i in range(0, len(samples), RESOURCES_PER_SLICE):
-                    if i:
-                        await asyncio.sleep(0)  # 4,096 ranks: keys and frames go between
-                    view.apply_resources(dict(samples[i:i + RESOURCES_PER_SLICE]))
+                if n % resource_polls_every(len(view.ranks)) == 0:
+                    samples = list((await client.resources()).items())
+                    for i in range(0, len(samples), RESOURCES_PER_SLICE):
+                        if i:
+                            await asyncio.sleep(0)  # 4,096 ranks: keys and frames go between
+                        view.apply_resources(dict(samples[i:i + RESOURCES_PER_SLICE]))
                 if n % META_EVERY == 0:
                     view.apply_meta(await client.meta())
                     view.apply_liveness(*await client.liveness())
@@ -1109,6 +1114,12 @@ class ConsoleApp(App[int]):
         )
         for title, help_text, callback in commands:
             yield SystemCommand(title, help_text, callback)
+
+
+def resource_polls_every(ranks: int) -> int:
+    """Polls (one a second) between two reads of the resource samples of ``ranks`` ranks: 1
+    up to RESOURCE_RANKS_PER_POLL ranks, 4 at 32,768."""
+    return max(1, math.ceil(ranks / RESOURCE_RANKS_PER_POLL))
 
 
 def _to_int(value: object, default: int) -> int:

@@ -7,6 +7,7 @@ import sys
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from textual.pilot import Pilot
 from textual.widgets import Input
@@ -151,6 +152,37 @@ def test_attach_reads_a_bounded_history_from_many_node_streams(redis_url, r, job
         assert app.view.lines_total == 400 * app_module.HISTORY_LINES_MIN_PER_RANK
         assert all(len(app.view.buffer_for(rank)) == 16 for rank in range(400))
 
+    run(app, body)
+
+
+def test_resource_samples_of_many_ranks_are_read_less_often(redis_url, r, job_id, monkeypatch):
+    # Reading and folding 32,768 samples is ~0.25 s of CPU: every 4th poll at that size. Here
+    # 8 ranks at 2 per read: every 4th poll; the meta is read every META_EVERY-th (5th).
+    monkeypatch.setattr(app_module, "POLL_S", 0.02)
+    monkeypatch.setattr(app_module, "RESOURCE_RANKS_PER_POLL", 2)
+    assert app_module.resource_polls_every(8) == 4 and app_module.META_EVERY == 5
+    console_bench.Feeder(r, job_id, 8, 100, seed=1, nproc=4).setup()
+    app = console(redis_url, job_id)
+    calls = {"resources": 0, "liveness": 0}
+
+    def counting(name: str) -> Callable[..., Any]:
+        original = getattr(app.client, name)
+
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return await original(*args, **kwargs)
+        return wrapper
+
+    async def body(pilot: Pilot[int], app: App) -> None:
+        await loaded(app, 8)
+        await wait_until_async(lambda: calls["liveness"] >= 6, 20, "30 polls")
+        # 30 polls: 8 reads of the samples (every 4th), not 30; liveness every 5th: 6.
+        assert calls["resources"] <= 2 * calls["liveness"], calls
+        assert calls["resources"] >= calls["liveness"] - 1, calls
+
+    assert app.client is not None
+    for name in calls:
+        monkeypatch.setattr(app.client, name, counting(name))
     run(app, body)
 
 
