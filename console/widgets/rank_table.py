@@ -364,6 +364,7 @@ class RankTable(RowCursor):
         self._spec = COLUMNS
         # Rows in order: ranks, or node keys (node_key) by node.
         self._order: list[Any] = []
+        self._order_set: set[Any] = set()  # the same rows, to compare with the view's ranks
         self._shown: dict[Any, tuple[str, ...]] = {}  # row key -> cell texts last drawn
         self._rows: dict[Any, list[Segment]] = {}  # row key -> its drawn row (not the cursor's)
         self._groups: dict[str, list[int]] = {}  # by node: node key -> its ranks, sorted
@@ -438,6 +439,7 @@ class RankTable(RowCursor):
     def reset(self) -> None:
         """Forget every row (another job)."""
         self._order = []
+        self._order_set = set()
         self._shown.clear()
         self._rows.clear()
         self._groups = {}
@@ -458,7 +460,9 @@ class RankTable(RowCursor):
                 self._shown.clear()
                 self._rows.clear()
                 full = True
-        elif len(ranks) != len(self._order) or any(r not in ranks for r in self._order):
+        # The same ranks? A set comparison in C: 4 times a second over 32,768 ranks, a
+        # generator was 1-5 ms of every tick.
+        elif len(ranks) != len(self._order) or ranks.keys() != self._order_set:
             gone = [r for r in self._shown if r not in ranks]
             for rank in gone:
                 self._shown.pop(rank, None)
@@ -513,6 +517,7 @@ class RankTable(RowCursor):
         selected = self.selected_key if target is None else target
         resized = len(order) != len(self._order)
         self._order = order
+        self._order_set = set(order)
         if resized:
             self._resize()
         known = self._groups if self.by_node else ranks
@@ -571,6 +576,7 @@ class RankTable(RowCursor):
         self.by_node = on
         self._spec = NODE_COLUMNS if on else COLUMNS
         self._order = []
+        self._order_set = set()
         self._shown.clear()
         self._rows.clear()
         self._groups = {}
