@@ -11,10 +11,12 @@ Setup (one invocation)
   ends them):
 
   - the *feeder* writes a synthetic but protocol-exact job with the agent's encoders: 64 nodes
-    x 16 workers, ``node_joined`` per node, ``rendezvous_complete`` (world 1024) by group rank
+    x 16 workers (``--ranks`` and ``--nproc-per-node``: 4,096 nodes x 8 is ``--ranks 32768
+    --nproc-per-node 8``), ``node_joined`` per node, ``rendezvous_complete`` (world 1024) by group rank
     0, ``workers_started`` per node (events numbered per node with ``seq``), the meta hash
     (with ``nproc_per_node``, as the agent writes it), the job index, the log-stream set, and
-    a resource sample for every rank (``HSET JobKeys.resources``, renewed every second). It
+    a resource sample for every rank (``HSET JobKeys.resources``) and a heartbeat of every
+    node (``ZADD JobKeys.rdzv_heartbeats``), both renewed every second. It
     pre-fills ``--history`` seconds of the feed (default 30 s, 1.5M lines: what a console
     attaching to a running job finds), then writes log lines to the 64 per-node streams at a
     steady ``--rate`` lines/s in total, as agents do: each node every ``LOG_LINGER`` (50 ms),
@@ -40,23 +42,23 @@ What "key latency" measures
 
 Keys are sent exactly as Pilot sends them (``events.Key`` through the driver), one at a time,
 60-180 ms apart (seeded), cycling through: ``j k down up`` in the rank table, ``a a`` (one
-rank's log / all ranks), ``e e`` (stderr only), ``tab tab`` (to the timeline, to the log),
-``k end up f`` in the log view (scroll up, follow), ``/ l o s s enter`` (filter ``loss``),
-``/ escape`` (filter cleared), ``t t`` (timestamps), ``w w`` (wrap), ``tab`` (back to the
-ranks). For each key the bench knows the state the key must produce (the cursor row, the
-focused widget, ``LogView.stderr_only``, the input's text...) and the widget that shows it.
-t0 is taken just before the key is handed to the driver. The clock stops when the first
-compositor update in which that widget was rendered (its ``render_lines`` ran) *while the
-new state held* has been turned into terminal output: the headless driver skips that last
-step, so the bench does it (``CompositorUpdate.render_segments``, bytes discarded) for every
-frame, as a real terminal would cost. So the figure includes queueing behind the Redis
-reader and the 10 Hz refresh, the key's handler, Textual's refresh scheduling, compositing
-and rendering the frame to bytes; it excludes only the terminal emulator's own drawing. A
-key whose new state is already there before it is pressed is skipped (it would only time
-the next frame); a key not on screen within 2 s counts as a timeout (a miss). The row "of
-which until the key's state changed" is when the new state was first seen, polled by the
-5 ms stall meter and at the widget's render: key queueing plus its handler, roughly; the
-rest of the latency is waiting for, compositing and rendering the frame.
+rank's log / all ranks), ``e e`` (stderr only), ``n n`` (the rank table by node and back),
+``tab tab`` (to the timeline, to the log), ``k end up f`` in the log view (scroll up, follow),
+``/ l o s s enter`` (filter ``loss``), ``/ escape`` (filter cleared), ``t t`` (timestamps),
+``w w`` (wrap), ``tab`` (back to the ranks). For each key the bench knows the state the key
+must produce (the cursor row, the focused widget, ``LogView.stderr_only``, the input's text...) and
+the widget that shows it. t0 is taken just before the key is handed to the driver. The clock
+stops when the first compositor update in which that widget was rendered (its ``render_lines``
+ran) *while the new state held* has been turned into terminal output: the headless driver skips
+that last step, so the bench does it (``CompositorUpdate.render_segments``, bytes discarded)
+for every frame, as a real terminal would cost. So the figure includes queueing behind the
+Redis reader and the 10 Hz refresh, the key's handler, Textual's refresh scheduling,
+compositing and rendering the frame to bytes; it excludes only the terminal emulator's own
+drawing. A key whose new state is already there before it is pressed is skipped (it would only
+time the next frame); a key not on screen within 2 s counts as a timeout (a miss). The row "of
+which until the key's state changed" is when the new state was first seen, polled by the 5 ms
+stall meter and at the widget's render: key queueing plus its handler, roughly; the rest of the
+latency is waiting for, compositing and rendering the frame.
 
 ``await pilot.press(k); await pilot.pause()`` would be the wrong clock here: ``press`` waits
 for the app to be idle, which a constant 50k lines/s feed never lets it be (see
@@ -161,7 +163,7 @@ from log_view_bench import make_pool
 
 SIZE = (200, 60)
 GOAL_MS = 100.0
-NPROC = 16  # workers per node
+NPROC = 16  # workers per node by default (--nproc-per-node; the issue's 4,096 x 8 is 8)
 NODE_TICK = LOG_LINGER  # each node ships its workers' lines as its agent does (staggered)
 KEY_TIMEOUT_S = 2.0
 STEADY_MIN_S = 2.0
@@ -172,6 +174,7 @@ SAMPLE_S = 0.25
 STALL_TRACE_MS = 40.0  # --profile: stalls this long are explained from stack samples
 TRACE_KEY_MS = 70.0  # --trace-stalls: keys this slow are explained too (near the goal)
 RSS_GOAL_MIB = 300  # at the default scrollback, up to 1,024 ranks (issue 15: half of 575)
+RSS_GOAL_BIG_MIB = 1024  # beyond 4,096 ranks (issue 21: 32,768 ranks within 1 GiB)
 LEAK_MIB_S = 2.0  # RSS growth over the hold that counts as unbounded (see the docstring)
 
 
@@ -214,17 +217,19 @@ class Node:
 class Feeder:
     """Writes the synthetic job: exactly what agents would write for it."""
 
-    def __init__(self, r: redis.Redis, job: str, ranks: int, rate: float, seed: int) -> None:
+    def __init__(self, r: redis.Redis, job: str, ranks: int, rate: float, seed: int,
+                 nproc: int = NPROC) -> None:
         self.r = r
         self.job = job
         self.keys = JobKeys(job)
         self.world = ranks
         self.rate = rate
+        self.nproc = nproc
         self.nodes: list[Node] = []
-        for g in range(math.ceil(ranks / NPROC)):
-            rs = list(range(g * NPROC, min(ranks, (g + 1) * NPROC)))
-            self.nodes.append(Node(f"gpu{g:03d}-{7000 + g}-{g * 2654435761 % 16**6:06x}",
-                                   f"gpu{g:03d}", g, rs, 40_000 + g * 100))
+        for g in range(math.ceil(ranks / nproc)):
+            rs = list(range(g * nproc, min(ranks, (g + 1) * nproc)))
+            self.nodes.append(Node(f"gpu{g:04d}-{7000 + g}-{g * 2654435761 % 16**6:06x}",
+                                   f"gpu{g:04d}", g, rs, 40_000 + g * 100))
         self.event_seq: dict[str, int] = {}
         self.batch_seq: dict[tuple[int, str, int], int] = {}
         self.attempt = 1
@@ -262,7 +267,7 @@ class Feeder:
         pipe.zadd(JOBS_INDEX, {self.job: now_ms})
         pipe.hset(k.meta, mapping={"created_ms": now_ms, "min_nodes": len(self.nodes),
                                    "max_nodes": len(self.nodes), "max_restarts": 3,
-                                   "nproc_per_node": NPROC,
+                                   "nproc_per_node": self.nproc,
                                    "entrypoint": json.dumps(["python", "train.py"])})
         for n in self.nodes:
             pipe.sadd(k.log_streams, k.logs(n.node))
@@ -296,6 +301,11 @@ class Feeder:
                      "rss": 3_000_000_000 + self.rnd.randrange(500_000_000),
                      "threads": 24, "ts": now}, separators=(",", ":"))
         self.r.hset(self.keys.resources, mapping=mapping)
+        # And every node's heartbeat (rendezvous.py: server time in a sorted set), without
+        # which the console sees a lost job (commands disabled) rather than a running one.
+        secs, micros = self.r.time()
+        now_ms = int(secs) * 1000 + int(micros) // 1000
+        self.r.zadd(self.keys.rdzv_heartbeats, {n.node: now_ms for n in self.nodes})
 
     def fail_and_stop(self, pipe: Any) -> None:
         """Rank FAIL_RANK fails; the group is stopped and a restart claimed (as agents do)."""
@@ -502,7 +512,7 @@ def feeder_main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     r = make_client(args.url)
-    feeder = Feeder(r, args.job, args.ranks, args.rate, args.seed)
+    feeder = Feeder(r, args.job, args.ranks, args.rate, args.seed, args.nproc_per_node)
     feeder.setup()
     history = feeder.prefill(args.history)
     print(f"ready {history} {feeder.entries_written}", flush=True)
@@ -691,6 +701,12 @@ def _log_flag(name: str) -> Callable[[BenchConsole], Plan]:
     return plan
 
 
+def _by_node(app: BenchConsole) -> Plan:
+    table = app.rank_table
+    want = not table.by_node
+    return (lambda: table.by_node == want), table
+
+
 def _focus_next(app: BenchConsole) -> Plan:
     chain = app.screen.focus_chain
     if app.focused not in chain:
@@ -749,6 +765,8 @@ STEPS: tuple[Step, ...] = (
     Step("a", "a (one rank / all ranks)", "ranks", _toggle_all),
     Step("e", "e (stderr only)", "ranks", _log_flag("stderr_only")),
     Step("e", "e (stderr only)", "ranks", _log_flag("stderr_only")),
+    Step("n", "n (by node / by rank)", "ranks", _by_node),
+    Step("n", "n (by node / by rank)", "ranks", _by_node),
     Step("tab", "tab (focus)", "ranks", _focus_next),
     Step("tab", "tab (focus)", None, _focus_next),
     Step("k", "k up (log: scroll, pause)", "log", _follow(False)),
@@ -853,12 +871,15 @@ async def console_run(args: argparse.Namespace) -> dict[str, Any]:
                 fed = int(await side.get(fed_key(args.job)) or 0)
                 now = time.perf_counter()
                 rings = app.view.logs
-                full = len(rings) >= args.ranks and min(map(len, rings.values())) >= sb
+                # What a rank's ring keeps: --scrollback, or less for a job of so many ranks
+                # that the rings would pass RANK_LINES_TOTAL together (app._fit_scrollback).
+                kept = app.view.scrollback
+                full = len(rings) >= args.ranks and min(map(len, rings.values())) >= kept
                 if full and not ring_full_at:
                     ring_full_at.append(now)
                     full_lines[0] = app.view.lines_total
                 if (ring_full_at and not turned_at
-                        and app.view.lines_total - full_lines[0] >= args.ranks * sb):
+                        and app.view.lines_total - full_lines[0] >= args.ranks * kept):
                     turned_at.append(now)
                 samples.append((now, app.view.lines_total, fed, _newest_age_ms(app), _rss(),
                                 int(full), sys.getallocatedblocks()))
@@ -981,7 +1002,8 @@ async def console_run(args: argparse.Namespace) -> dict[str, Any]:
             "frames_per_s": frames / window, "bytes_per_frame": frame_bytes / max(frames, 1),
             "ranks": len(app.view.ranks), "ring_min": min(lens, default=0),
             "ring_max": max(lens, default=0), "lines_held": sum(lens),
-            "bound": args.ranks * sb, "all_ring": len(app.view.all_logs),
+            "bound": args.ranks * app.view.scrollback, "kept": app.view.scrollback,
+            "all_ring": len(app.view.all_logs),
             "full_after_s": (ring_full_at[0] - t_win) if ring_full_at else None,
             "turned_after_s": (turned_at[0] - t_win) if turned_at else None,
             "hold_s": (hold[1][0] - hold[0][0]) if hold else 0.0,
@@ -1078,6 +1100,7 @@ def run_setting(children: Children, server: RedisServer, args: argparse.Namespac
                 scrollback: int) -> dict[str, Any]:
     job = f"console-bench-{scrollback}-{os.getpid()}"
     common = ["--url", server.url, "--job", job, "--ranks", str(args.ranks),
+              "--nproc-per-node", str(args.nproc_per_node),
               "--rate", str(args.rate), "--seed", str(args.seed)]
     feeder = children.start(["--feeder", *common, "--history", str(args.history)],
                             stdout=subprocess.PIPE)
@@ -1127,9 +1150,11 @@ def _mib(v: float | None) -> str:
 
 
 def rss_goal(args: argparse.Namespace) -> float | None:
-    """The RSS bound judged (bytes): issue 15's 300 MiB for up to 1,024 ranks at the default
-    scrollback or less; None (not judged) for bigger worlds or scrollbacks."""
-    return RSS_GOAL_MIB * 2**20 if args.ranks <= 1024 else None
+    """The RSS bound judged (bytes) at the default scrollback or less: issue 15's 300 MiB for up
+    to 1,024 ranks, issue 21's 1 GiB beyond 4,096; None (not judged) in between."""
+    if args.ranks <= 1024:
+        return RSS_GOAL_MIB * 2**20
+    return RSS_GOAL_BIG_MIB * 2**20 if args.ranks > 4096 else None
 
 
 def verdict(res: dict[str, Any], rate: float, rss_max: float | None = None) -> dict[str, bool]:
@@ -1195,8 +1220,9 @@ def print_table(results: list[dict[str, Any]], args: argparse.Namespace) -> None
         [f"{r['history_lines']:,} in {r['load_s']:.1f}" for r in results])
     row("per-rank ring min / max lines", [f"{r['ring_min']:,} / {r['ring_max']:,}"
                                           for r in results])
-    row("lines held / bound (ranks x scrollback)",
-        [f"{r['lines_held']:,} / {r['bound']:,}" for r in results], "<= bound")
+    row("lines held / bound (ranks x lines kept per rank)",
+        [f"{r['lines_held']:,} / {r['bound']:,} (x {r['kept']:,})" for r in results],
+        "<= bound")
     row("rings full / turned over after s", [
         ("never" if r["full_after_s"] is None else f"{max(0.0, r['full_after_s']):.1f}")
         + " / " + ("never" if r["turned_after_s"] is None else f"{r['turned_after_s']:.1f}")
@@ -1206,7 +1232,7 @@ def print_table(results: list[dict[str, Any]], args: argparse.Namespace) -> None
         " ".join(_mib(v) for v in r["rss_track"]) or "-" for r in results])
     goal = rss_goal(args)
     row("RSS at end MiB", [_mib(r["rss_end"]) for r in results],
-        "-" if goal is None else f"<= {RSS_GOAL_MIB}")
+        "-" if goal is None else f"<= {goal / 2**20:,.0f}")
     row("hold after turnover: s, RSS growth MiB/s", [
         "- (not reached)" if r["rss_hold0"] is None
         else f"{r['hold_s']:.0f}, {(r['rss_end'] - r['rss_hold0']) / 2**20 / r['hold_s']:+.2f}"
@@ -1234,6 +1260,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="measured window per scrollback setting (default 20)")
     parser.add_argument("--rate", type=int, default=50_000, help="log lines/s in total")
     parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--nproc-per-node", type=int, default=NPROC,
+                        help=f"ranks per node (default {NPROC}; --ranks 32768 "
+                        "--nproc-per-node 8 is 4,096 nodes x 8)")
     parser.add_argument("--scrollback", default="500,2000",
                         help="comma-separated lines per rank, one run each")
     parser.add_argument("--history", type=float, default=30.0,
@@ -1280,8 +1309,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.start()
         version = make_client(server.url).info("server")["redis_version"]
-        nodes = math.ceil(args.ranks / NPROC)
-        print(f"console bench: {args.ranks} ranks ({nodes} nodes x {NPROC}), {args.rate:,} "
+        nodes = math.ceil(args.ranks / args.nproc_per_node)
+        print(f"console bench: {args.ranks} ranks ({nodes} nodes x {args.nproc_per_node}), "
+              f"{args.rate:,} "
               f"lines/s through Redis {version}, {args.history:g} s of history, "
               f"{args.seconds:g} s measured per setting, {SIZE[0]}x{SIZE[1]} headless, "
               f"textual {textual.__version__}, Python {sys.version.split()[0]}, "

@@ -44,6 +44,10 @@ confirm dialog whose default is Cancel. They are disabled, visibly in the footer
 and explained when pressed, with ``--read-only``, when the Redis user may not write the command
 stream, before the job's state is known, once the job has ended, and while no agent runs.
 ``q`` detaches: it never stops the job.
+
+A big job (issue 21: 4,096 nodes x 8 ranks): ``n`` shows the rank table by node (worst first),
+``:`` or a digit typed in the table jumps to a rank or a host (:class:`.widgets.goto.GotoScreen`,
+then :meth:`RankTable.goto`).
 """
 
 from __future__ import annotations
@@ -94,12 +98,15 @@ from .state import (
     DEFAULT_ALL_SCROLLBACK,
     DEFAULT_SCROLLBACK,
     FINAL_STATES,
+    RANK_LINES_TOTAL,
     RUNNING,
+    SCROLLBACK_FLOOR,
     SUCCEEDED,
     JobView,
 )
 from .widgets.dialogs import CommandDialog, DetailScreen
 from .widgets.footer import KeyFooter
+from .widgets.goto import GotoScreen
 from .widgets.header import ALERT, ENDED_OK, ENDED_OTHERWISE, Banner, JobHeader
 from .widgets.help import HelpScreen, KeyHelp
 from .widgets.log_panel import FilterBar, LogTitle
@@ -119,9 +126,16 @@ TABLE_S = 0.25  # visible rank rows
 TABLE_FULL_S = 1.0  # rank order (sorting), and "seconds since last line" everywhere
 POLL_S = 1.0  # resource samples are written once a second
 META_EVERY = 5  # meta hash: every fifth poll
+#: Resource samples are read on every poll up to this many ranks, on every k-th beyond
+#: (resource_polls_every): reading and folding 32,768 samples costs ~0.25 s of CPU, a quarter of
+#: a core taken from the log reader every second.
+RESOURCE_RANKS_PER_POLL = 8_192
 HISTORY_EVENTS = 10_000
 HISTORY_LINES_TOTAL = 500_000  # log lines read on attach, over all node streams...
-HISTORY_LINES_MIN = 1_000  # ...but at least this many per stream
+#: ...but at least this many per rank of a stream (a few screens of each rank's own past). Per
+#: rank, not per stream: 1,000 lines per stream took every line of 30 s at 4,096 nodes (2.5M,
+#: minutes to fold and 1 GiB), the total cap having been made moot.
+HISTORY_LINES_MIN_PER_RANK = 16
 FOLD_SLICE = 500  # history records folded between yields to the UI
 FOLD_BUDGET_S = 0.005  # live records folded before yielding to the UI
 LIVE_FOLD_SLICE = 256  # live records folded at once (~2 ms at 4,096 ranks) between checks
@@ -161,6 +175,10 @@ KEY_HELP: tuple[tuple[str, str, str, str | None], ...] = (
     ("Logs", "← →", "scroll sideways when not wrapping", None),
     ("Ranks", "↑↓ j k  g G", "select a rank (its logs with `a`, its CPU/RSS)", None),
     ("Ranks", "o  O", "sort by the next column / reverse (or click a header)", None),
+    ("Ranks", "n", "by node: one row per node, worst state first, its ranks counted by state; "
+     "n or enter on a node: back to its ranks (the cursor on its worst one)", None),
+    ("Ranks", ":  0-9", "go to a rank (its number) or a host or node (its name, or the start "
+     "of it); a digit typed in the table starts the number", None),
     ("Ranks", "", "QUIET: time since the rank's last log line; EXIT: code or signal", None),
     ("Timeline", "↑↓ j k", "move in the timeline", None),
     ("Timeline", "enter", "the entry in full (a failure's traceback; a stall's stacks)", None),
@@ -209,6 +227,8 @@ class ConsoleApp(App[int]):
         Binding("f", "follow", "Follow", show=False, id="console.follow"),
         Binding("o", "sort", "Sort", id="console.sort"),
         Binding("O", "sort(True)", "Reverse sort", show=False, id="console.sort_reverse"),
+        Binding("n", "by_node", "By node", show=False, id="console.by_node"),
+        Binding("colon", "goto", "Go to", show=False, id="console.goto"),
         Binding("d", "stacks", "Stacks", show=False, id="console.stacks"),
         Binding("ctrl+s", "save_log", "Save", show=False, id="console.save"),
         Binding("escape", "back", "Back", show=False, id="console.back"),
@@ -265,6 +285,8 @@ class ConsoleApp(App[int]):
         self._next_table = 0.0
         self._next_full = 0.0
         self._blocks: tuple[str, ...] | None = None
+        self._active_key: tuple[int, int] | None = None  # _any_active_node's cache
+        self._any_active = False
         self._dialogs: dict[int, CommandDialog] = {}
         self._filter_text = ""
         self._filter_timer: Any = None
@@ -424,6 +446,7 @@ class ConsoleApp(App[int]):
                     view.apply_many(records[i:i + FOLD_SLICE])
                     await asyncio.sleep(0)  # let the UI draw and take keys between slices
                     await self.input_gate.pause()
+                self._fit_scrollback()  # the ranks are known from the events: before the lines
             self.loaded = True
             self.post_message(HistoryLoaded(len(events), view.lines_total))
             # The decoded history is folded in: let it go, or every full collection walks it
@@ -467,11 +490,19 @@ class ConsoleApp(App[int]):
                 self.post_message(ReaderFailed(f"internal error: {type(exc).__name__}: {exc}"))
                 await asyncio.sleep(REFUSED_RETRY_S)
 
+    def _fit_scrollback(self) -> None:
+        """The lines each rank's ring keeps: ``--scrollback``, or less when the job has so many
+        ranks that their rings together would hold more than RANK_LINES_TOTAL. Rings made
+        from now on get it; those that exist keep theirs (they were made for fewer ranks)."""
+        share = RANK_LINES_TOTAL // max(1, len(self.view.ranks))
+        self.view.scrollback = min(self.scrollback, max(SCROLLBACK_FLOOR, share))
+
     async def _history_entries(self, client: JobClient, meta: dict[str, str]) -> int:
         """Log entries to read per node stream on attach.
 
         Enough for every rank's scrollback (``nproc`` ranks share a node's stream), but at
-        most ``HISTORY_LINES_TOTAL`` lines over all streams: ``client.history`` reads and
+        most ``HISTORY_LINES_TOTAL`` lines over all streams (or ``HISTORY_LINES_MIN_PER_RANK``
+        lines per rank, when that is more: 32,768 ranks get 16): ``client.history`` reads and
         decodes in one go and the console shows nothing new meanwhile. An entry holds the
         lines of one worker stream (older agents) or of the whole node over 50 ms: a probe
         (the newest entry of each stream) counts the streams and the lines an entry holds.
@@ -479,8 +510,12 @@ class ConsoleApp(App[int]):
         nproc = max(1, _to_int(meta.get("nproc_per_node"), 8))
         _, probe = await client.history(max_events=1, max_log_entries_per_stream=1)
         streams = max(1, len(client.last_ids) - 1)  # the cursor: the events + each log stream
-        per_entry = max(1.0, sum(len(b.lines) for b in probe) / max(1, len({b.id for b in probe})))
-        lines = min(self.scrollback * nproc, max(HISTORY_LINES_MIN, HISTORY_LINES_TOTAL // streams))
+        # An entry is its stream's (its node's) and its id: ids repeat across streams (the same
+        # millisecond), so ids alone counted 3 entries for 400 nodes.
+        entries = len({(b.node, b.id) for b in probe})
+        per_entry = max(1.0, sum(len(b.lines) for b in probe) / max(1, entries))
+        lines = min(self.scrollback * nproc,
+                    max(HISTORY_LINES_MIN_PER_RANK * nproc, HISTORY_LINES_TOTAL // streams))
         return max(1, math.ceil(lines / per_entry))
 
     @work(exclusive=True, group="poll", exit_on_error=False)
@@ -490,11 +525,12 @@ class ConsoleApp(App[int]):
         n = 0
         while True:
             with contextlib.suppress(RedisUnavailableError):  # the reader reports outages
-                samples = list((await client.resources()).items())
-                for i in range(0, len(samples), RESOURCES_PER_SLICE):
-                    if i:
-                        await asyncio.sleep(0)  # 4,096 ranks: keys and frames go between
-                    view.apply_resources(dict(samples[i:i + RESOURCES_PER_SLICE]))
+                if n % resource_polls_every(len(view.ranks)) == 0:
+                    samples = list((await client.resources()).items())
+                    for i in range(0, len(samples), RESOURCES_PER_SLICE):
+                        if i:
+                            await asyncio.sleep(0)  # 4,096 ranks: keys and frames go between
+                        view.apply_resources(dict(samples[i:i + RESOURCES_PER_SLICE]))
                 if n % META_EVERY == 0:
                     view.apply_meta(await client.meta())
                     view.apply_liveness(*await client.liveness())
@@ -679,6 +715,8 @@ class ConsoleApp(App[int]):
             full = force or now >= self._next_full
             if full:
                 self._next_full = now + TABLE_FULL_S
+            if full:
+                self._fit_scrollback()  # ranks that came since get rings of the right size
             self.rank_table.sync(view, self.now_ms(), full=full)
             self._check_selection()
         self.resources.show(view.ranks.get(self.selected_rank)
@@ -776,6 +814,9 @@ class ConsoleApp(App[int]):
     def on_rank_table_sort_changed(self, message: RankTable.SortChanged) -> None:
         self._show_sort(message.description)
 
+    def on_rank_table_goto_requested(self, message: RankTable.GotoRequested) -> None:
+        self.action_goto(message.text)
+
     def on_log_view_follow_changed(self, message: LogView.FollowChanged) -> None:
         self._update_log_title()
 
@@ -798,9 +839,18 @@ class ConsoleApp(App[int]):
             return "the job's state is still being read"
         if view.state in FINAL_STATES:
             return f"job {self.job_id} has already {view.state}: there is nothing to {verb}"
-        if not view.active_nodes():
+        if not self._any_active_node():
             return f"no agent of job {self.job_id} is running to receive a {verb} command"
         return ""
+
+    def _any_active_node(self) -> bool:
+        """Is any agent there to receive a command? Asked for each command on every refresh;
+        active_nodes() builds a dict of every node (4,096), so once per view version."""
+        key = (id(self.view), self.view.version)
+        if key != self._active_key:
+            self._active_key = key
+            self._any_active = bool(self.view.active_nodes())
+        return self._any_active
 
     def _refresh_blocks(self, force: bool = False) -> None:
         blocks = tuple(self.block_reason(a) for a in _VERBS)
@@ -980,7 +1030,32 @@ class ConsoleApp(App[int]):
         self._show_sort(self.rank_table.cycle_sort(reverse=reverse))
 
     def _show_sort(self, description: str) -> None:
-        self.rank_table.border_title = f"Ranks · {description}"
+        what = "Nodes" if self.rank_table.by_node else "Ranks"
+        self.rank_table.border_title = f"{what} · {description}"
+
+    def action_by_node(self) -> None:
+        """``n``: one row per node, or per rank again (rank_table.py)."""
+        table = self.rank_table
+        table.set_by_node(not table.by_node)
+        self._show_sort(table.sort_description())
+        self._check_selection()
+
+    def action_goto(self, text: str = "") -> None:
+        """``:`` (or a digit in the rank table): ask for a rank or a host, then go there."""
+        if self.screen is not self.main_screen:
+            return
+        self.push_screen(GotoScreen(text, cursor_blink=self.cursor_blink), self._goto_chosen)
+
+    def _goto_chosen(self, text: str | None) -> None:
+        if not text:
+            return
+        table = self.rank_table
+        if table.goto(text):
+            table.focus()
+            self._check_selection()
+        else:
+            self.notify(f"no rank, host or node matches {sanitize(text)!r}", markup=False,
+                        severity="warning")
 
     def action_stacks(self) -> None:
         """Every rank's stacks (issue 13). The request changes nothing in the job (no confirm),
@@ -1043,11 +1118,20 @@ class ConsoleApp(App[int]):
             ("Logs: timestamps", "t", self.action_toggle_timestamps),
             ("Logs: follow", "f / end", self.action_follow),
             ("Sort the ranks by the next column", "o", self.action_sort),
+            ("Ranks: by node / by rank", "n: one row per node, worst first",
+             self.action_by_node),
+            ("Go to a rank or a host", ": or a digit in the rank table", self.action_goto),
             ("Help: every key", "?", self.action_help),
             ("Detach", "q: the job keeps running", self.exit),
         )
         for title, help_text, callback in commands:
             yield SystemCommand(title, help_text, callback)
+
+
+def resource_polls_every(ranks: int) -> int:
+    """Polls (one a second) between two reads of the resource samples of ``ranks`` ranks: 1
+    up to RESOURCE_RANKS_PER_POLL ranks, 4 at 32,768."""
+    return max(1, math.ceil(ranks / RESOURCE_RANKS_PER_POLL))
 
 
 def _to_int(value: object, default: int) -> int:

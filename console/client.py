@@ -499,28 +499,34 @@ class JobClient:
 
     # -- reading the streams -----------------------------------------------------------------
     async def history(self, max_events: int = 10_000,
-                      max_log_entries_per_stream: int = 2_000) -> tuple[list[Event], list[LogBatch]]:
+                      max_log_entries_per_stream: int = 2_000, *,
+                      logs: bool = True) -> tuple[list[Event], list[LogBatch]]:
         """The newest ``max_events`` events and the newest ``max_log_entries_per_stream``
         entries of every log stream Redis still keeps, each list oldest first (log batches of
         all nodes merged by stream id, i.e. server time). ``0`` log entries: none are read.
 
         Sets the follow cursor to the newest id of every stream, so :meth:`follow` continues
-        exactly after what this returned (no gap, no duplicate).
+        exactly after what this returned (no gap, no duplicate). ``logs=False``: the log
+        streams are not touched at all, not even for the cursor (one read per node: 4,096
+        round trips' worth for a big job), for readers that never follow logs (``status``).
         """
         with self._errors():
-            return await self._read_history(max_events, max_log_entries_per_stream)
+            return await self._read_history(max_events, max_log_entries_per_stream, logs)
 
-    async def _read_history(self, max_events: int,
-                            max_log_entries_per_stream: int) -> tuple[list[Event], list[LogBatch]]:
+    async def _read_history(self, max_events: int, max_log_entries_per_stream: int,
+                            logs: bool = True) -> tuple[list[Event], list[LogBatch]]:
         # Raw redis errors: follow() tells an outage from a refusal by their type.
         k = self.keys
         events, newest = await self._newest_events(max_events)
         self._last_ids[k.events] = newest or "0-0"
         pipe = self._client.pipeline(transaction=False)
-        pipe.smembers(k.log_streams)
-        (raw_streams,) = await pipe.execute(raise_on_error=False)
-        _raise_outage([raw_streams])
-        streams = self._log_stream_names(raw_streams)
+        if logs:
+            pipe.smembers(k.log_streams)
+            (raw_streams,) = await pipe.execute(raise_on_error=False)
+            _raise_outage([raw_streams])
+        else:
+            raw_streams = []
+        streams = self._log_stream_names(raw_streams) if logs else []
         lists: list[list[LogBatch]] = []
         # A few streams per round trip, each reply decoded before the next is read: the raw
         # replies of every stream at once (~1 KiB an entry, 70k entries at 1,024 ranks) were

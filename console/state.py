@@ -83,6 +83,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from array import array
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -172,8 +173,10 @@ class RankState:
     rss: int | None = None  # bytes
     threads: int | None = None
     last_line_ms: int = 0  # server ms of its last log line
-    cpu_history: deque[float] = field(default_factory=lambda: deque(maxlen=RESOURCE_HISTORY))
-    rss_history: deque[int] = field(default_factory=lambda: deque(maxlen=RESOURCE_HISTORY))
+    # Plain doubles, RESOURCE_HISTORY at most (_push): as deques of Python numbers the samples
+    # of 32,768 ranks took 382 MiB, as arrays 64 (issue 21: the console in 1 GiB).
+    cpu_history: array[float] = field(default_factory=lambda: array("d"))
+    rss_history: array[float] = field(default_factory=lambda: array("d"))
     starts: int = 0
     sample_ts: float | None = None  # the last sample's own timestamp: a repeat is not new
 
@@ -250,6 +253,12 @@ class BatchDeduper:
 
 #: Default lines kept per rank, and for all ranks interleaved (see the module docstring).
 DEFAULT_SCROLLBACK = 2_000
+#: Log lines kept in all the per-rank rings together, at most (the app fits each ring to it,
+#: app.py ``_fit_scrollback``): 4,096 ranks of 2,000 lines held ~550 MiB; 32,768 ranks of 2,000
+#: would reach 65M lines, several GiB. Past it a rank keeps RANK_LINES_TOTAL / ranks (128 at
+#: 32,768), at least SCROLLBACK_FLOOR.
+RANK_LINES_TOTAL = 4_194_304
+SCROLLBACK_FLOOR = 100
 DEFAULT_ALL_SCROLLBACK = 50_000  # rescans (filter, wrap) of the interleaved ring stay under ~50 ms
 
 
@@ -648,10 +657,10 @@ class JobView:
             rs.threads = _int(sample.get("threads"), rs.threads)
             if cpu is not None:
                 rs.cpu = cpu
-                rs.cpu_history.append(cpu)
+                _push(rs.cpu_history, cpu)
             if rss is not None:
                 rs.rss = rss
-                rs.rss_history.append(rss)
+                _push(rs.rss_history, rss)
             changed = True
         if changed:
             self.version += 1
@@ -1030,6 +1039,16 @@ def _int(value: Any, default: int | None) -> int | None:
         return int(str(value))
     except (TypeError, ValueError):
         return default
+
+
+def _push(history: array[float], value: float) -> None:
+    """Append to a rank's samples, keeping the newest RESOURCE_HISTORY."""
+    try:
+        history.append(value)
+    except OverflowError:  # an int too big for a double (hostile): as big as one gets
+        history.append(float("inf"))
+    if len(history) > RESOURCE_HISTORY:
+        del history[0]
 
 
 def _float(value: Any, default: float | None) -> float | None:

@@ -348,7 +348,8 @@ def test_help_tab_sort_and_palette(job, redis_url):
         # every key bound on the main screen is in the help
         helped = {k for _, keys, _, _ in KEY_HELP for k in keys.split()}
         for binding in ConsoleApp.BINDINGS:
-            key = {"question_mark": "?", "slash": "/", "escape": "esc"}.get(binding.key, binding.key)
+            key = {"question_mark": "?", "slash": "/", "escape": "esc",
+                   "colon": ":"}.get(binding.key, binding.key)
             assert key in helped, binding.key
         await pilot.press("escape")
         await on_screen(app, HelpScreen, shown=False)

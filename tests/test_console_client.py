@@ -552,3 +552,30 @@ def test_follow_many_hands_a_big_read_over_in_small_lists(redis_url, r, job_id, 
         assert max(len(lst) for lst in col.lists) <= 8 and len(col.lists) >= 7
 
     run(main())
+
+
+def test_history_without_logs_reads_no_log_stream(redis_url, r, job_id):
+    # `status` of 4,096 nodes: one read per node stream for nothing but a cursor was most of
+    # its time (bench/cli_scale_bench.py). logs=False touches no log stream at all.
+    events = [add_event(r, job_id, EventType.NODE_JOINED, host=f"h{i}") for i in range(3)]
+    for i in range(2 * HISTORY_STREAMS_PER_READ + 1):
+        add_logs(r, job_id, f"n{i}-{i}-z", i, 1, "a line")
+    before = r.info("commandstats").get("cmdstat_xrevrange", {}).get("calls", 0)
+
+    async def main() -> None:
+        client = JobClient(redis_url, job_id)
+        try:
+            got, logs = await client.history(max_events=10, max_log_entries_per_stream=0,
+                                             logs=False)
+            assert [e.id for e in got] == events and logs == []
+            assert set(client.last_ids) == {JobKeys(job_id).events}
+            col = Collector(client.follow(logs=False))  # events still follow on from there
+            new = add_event(r, job_id, EventType.NODE_LEFT, host="h0")
+            await wait_until_async(lambda: col.of(Event), 10, "the new event")
+            assert [e.id for e in col.of(Event)] == [new]
+            await col.stop()
+        finally:
+            await client.close()
+
+    run(main())
+    assert r.info("commandstats")["cmdstat_xrevrange"]["calls"] - before == 1
