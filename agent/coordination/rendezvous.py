@@ -38,7 +38,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -569,20 +569,9 @@ return cjson.encode({round = round, status = status, closed = closed, members = 
   waiting = redis.call('ZRANGE', K_WAITING, 0, -1), now = now})
 """
 
-# ARGV: round, nodes... Returns those of the nodes that are members of ``round`` (their
-# assignment names it): O(nodes asked), for checking who may speak for a round.
-_MEMBERS_OF = _PRELUDE + """
-local out = {}
-local values = redis.call('HMGET', K_ASSIGN, unpack(ARGV, 2))
-for i, v in ipairs(values) do
-  if v and string.match(v, '^(%d+) ') == ARGV[1] then table.insert(out, ARGV[i + 1]) end
-end
-return out
-"""
-
 
 _SCRIPTS = {"join": _JOIN, "heartbeat": _HEARTBEAT, "leave": _LEAVE, "close": _CLOSE,
-            "membership": _MEMBERSHIP, "summary": _SUMMARY, "members_of": _MEMBERS_OF}
+            "membership": _MEMBERSHIP, "summary": _SUMMARY}
 
 T = TypeVar("T")
 
@@ -844,15 +833,6 @@ class RedisRendezvous:
         that announces the round, not for every node."""
         raw = self._drive(_one(_command("get", self.keys.rdzv_round_info)))
         return _decode_round(raw) if raw else None
-
-    def members_of(self, round_: int, nodes: Collection[str]) -> set[str]:
-        """Those of ``nodes`` that are members of round ``round_``: O(len(nodes)). For
-        checking who may speak for a round (a failure, a stop) without reading the round."""
-        nodes = list(dict.fromkeys(nodes))
-        if not nodes:
-            return set()
-        reply = self._call("members_of", [round_, *nodes])
-        return {x.decode() if isinstance(x, bytes) else str(x) for x in reply}
 
     def _register_job(self) -> Generator[Any, Any, None]:
         """List the job in the job index so consoles can find it (first registration wins)."""
