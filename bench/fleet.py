@@ -416,8 +416,10 @@ def _script_calls(stats: dict[str, Any]) -> int:
                if k in ("cmdstat_evalsha", "cmdstat_eval"))
 
 
-def _acks(r: redis.Redis, job: str, command_id: str, since: str) -> tuple[int, int]:
-    """(how many nodes acked ``command_id``, server ms of the newest ack) from ``since``."""
+def _nodes_saying(r: redis.Redis, job: str, since: str,
+                 says: Callable[[protocol.Event], bool]) -> tuple[int, int]:
+    """(how many nodes published an event that ``says`` after ``since``, server ms of the
+    newest such event)."""
     nodes: set[str] = set()
     newest = 0
     last = since
@@ -428,27 +430,20 @@ def _acks(r: redis.Redis, job: str, command_id: str, since: str) -> tuple[int, i
         for entry_id, fields in entries:
             last = entry_id.decode()
             ev = protocol.decode_event(entry_id, fields)
-            if ev and ev.type == EventType.COMMAND_ACK and ev.data.get("command_id") == command_id:
+            if ev is not None and says(ev):
                 nodes.add(ev.node)
                 newest = max(newest, protocol.stream_id_ms(last))
     return len(nodes), newest
+
+
+def _acks(r: redis.Redis, job: str, command_id: str, since: str) -> tuple[int, int]:
+    return _nodes_saying(r, job, since, lambda ev: ev.type == EventType.COMMAND_ACK
+                         and ev.data.get("command_id") == command_id)
 
 
 def _started(r: redis.Redis, job: str, round_: int, since: str) -> tuple[int, int]:
-    nodes: set[str] = set()
-    newest = 0
-    last = since
-    while True:
-        entries = r.xrange(JobKeys(job).events, min=f"({last}", count=5000)
-        if not entries:
-            break
-        for entry_id, fields in entries:
-            last = entry_id.decode()
-            ev = protocol.decode_event(entry_id, fields)
-            if ev and ev.type == EventType.WORKERS_STARTED and ev.data.get("round") == round_:
-                nodes.add(ev.node)
-                newest = max(newest, protocol.stream_id_ms(last))
-    return len(nodes), newest
+    return _nodes_saying(r, job, since, lambda ev: ev.type == EventType.WORKERS_STARTED
+                         and ev.data.get("round") == round_)
 
 
 def _server_ms(r: redis.Redis) -> int:

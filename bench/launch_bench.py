@@ -121,7 +121,7 @@ def tree_pids(root: int) -> list[tuple[int, int]]:
     return out
 
 
-def _pss(pid: int) -> int:
+def pss(pid: int) -> int:
     """Bytes of ``Pss`` in /proc/PID/smaps_rollup (0 when gone)."""
     try:
         with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
@@ -188,7 +188,7 @@ class TreeSampler(threading.Thread):
             if proc is None or not cmdline:
                 continue  # gone, or a zombie (empty command line)
             if self.pss:
-                pss_total += _pss(pid)  # a fork shares its parent's pages: Pss splits them
+                pss_total += pss(pid)  # a fork shares its parent's pages: Pss splits them
             zygote = b"zygote.py" in cmdline and b"--worker" not in cmdline
             if zygote and parent == self.root:
                 zygotes.add(pid)

@@ -45,7 +45,7 @@ from typing import Any
 
 import psutil
 
-from launch_bench import PHASES, phase_split, restart_record
+from launch_bench import PHASES, phase_split, pss, restart_record
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "preload_worker.py"
@@ -66,16 +66,6 @@ GOALS = {("a", "elastic-agent --preload torch"): 0.5,
 _STRIP_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
               "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "ELASTIC_JOB_ID")
 
-
-def pss(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
-            for line in f:
-                if line.startswith(b"Pss:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
 
 
 class PssSampler(threading.Thread):

@@ -436,14 +436,17 @@ class RankTable(RowCursor):
         return f"sorted by {label.lower()}{' (reversed)' if self.sort_reverse else ''}"
 
     # -- updates -----------------------------------------------------------------------------
-    def reset(self) -> None:
-        """Forget every row (another job)."""
+    def _forget_rows(self) -> None:
         self._order = []
         self._order_set = set()
         self._shown.clear()
         self._rows.clear()
         self._groups = {}
         self._grouped = 0
+
+    def reset(self) -> None:
+        """Forget every row (another job)."""
+        self._forget_rows()
         self._view = None
         self.set_reactive(RankTable.cursor_row, 0)
         self._resize()
@@ -575,12 +578,7 @@ class RankTable(RowCursor):
             return
         self.by_node = on
         self._spec = NODE_COLUMNS if on else COLUMNS
-        self._order = []
-        self._order_set = set()
-        self._shown.clear()
-        self._rows.clear()
-        self._groups = {}
-        self._grouped = 0
+        self._forget_rows()
         self._columns = ()  # fitted again for the other columns
         self._set_columns(fit_columns(10_000, self._spec, self._drop_order()))
         self._resize()
