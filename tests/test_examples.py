@@ -83,7 +83,8 @@ def test_launch_bench_harness_with_torchrun() -> None:
         "figure", "torchrun", "elastic-agent", "ratio", "goal", "met"]
     rows = [re.split(r"\s{2,}", ln.strip()) for ln in lines[header + 2:]
             if ln.startswith(("a) ", "b) "))]
-    assert {r[0][0] for r in rows} == {"a", "b"} and len(rows) == 4
+    # a) wall, peak RSS of the tree, ru_maxrss; b) the restart, peak PSS of the node.
+    assert {r[0][0] for r in rows} == {"a", "b"} and len(rows) == 5
     for label, torchrun, agent, ratio, _goal, _met in rows:
         value, unit = torchrun.split()
         assert float(value) > 0 and unit in ("s", "MiB"), label
