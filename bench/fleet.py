@@ -519,6 +519,10 @@ def run_fleet(n: int, args: argparse.Namespace) -> dict[str, Any]:
             out["commands_per_s"] = (c1 - c0) / dt
             intervals = dt / args.keep_alive
             out["scripts_per_node_interval"] = _script_calls(stats) / n / intervals
+            # Where Redis's time goes, per node and interval (scripts' own calls included).
+            out["redis_us_per_node_interval"] = {
+                k.removeprefix("cmdstat_"): round(float(v["usec"]) / n / intervals, 1)
+                for k, v in sorted(stats.items(), key=lambda kv: -float(kv[1]["usec"]))[:8]}
             out["commands_per_node_interval"] = (c1 - c0) / n / intervals
             out["used_memory_mib"] = int(r.info("memory")["used_memory"]) / 2**20
             clients = int(r.info("clients")["connected_clients"]) - 1  # (this bench's own)
@@ -541,6 +545,9 @@ def run_fleet(n: int, args: argparse.Namespace) -> dict[str, Any]:
             out["lost_s"] = (time.time() - killed) if ok else None
             head = json.loads(r.hget(keys.rdzv_state, "head") or b"{}")
             out["lost_world"] = head.get("world_size")
+            # By Redis's clock: when the new round completed (the protocol's part; what the
+            # nodes take to hear of it is this machine's 2 cores simulating N agents).
+            out["lost_complete_s"] = int(head.get("completed_ms", 0)) / 1000 - killed
             survivors = n - 1
             _wait(lambda: _started(r, job, want_round, since)[0] >= survivors, 60, 0.2)
             # 4. restart
@@ -559,6 +566,8 @@ def run_fleet(n: int, args: argparse.Namespace) -> dict[str, Any]:
             started = _wait(lambda: _started(r, job, want_round, since)[0] >= survivors, 60, 0.2)
             count, newest = _started(r, job, want_round, since)
             out["restart_started_s"] = (newest - sent_ms) / 1000 if started else None
+            head = json.loads(r.hget(keys.rdzv_state, "head") or b"{}")
+            out["restart_complete_s"] = (int(head.get("completed_ms", 0)) - sent_ms) / 1000
             # 5. stacks of every rank
             _say(f"N={n}: restart acked in {_fmt(out['restart_ack_s'])} s; stacks")
             time.sleep(1.0)
@@ -678,9 +687,13 @@ def _report(f: dict[str, Any], args: argparse.Namespace) -> str:
         f"({f['connections_per_node']:.2f} a node); a node per heartbeat interval: "
         f"{f['scripts_per_node_interval']:.2f} scripts, {f['commands_per_node_interval']:.2f} "
         f"commands; falsely lost: {f['false_lost']}",
-        f"  lost node -> new round of {f.get('lost_world')}: {_fmt(f.get('lost_s'))} s",
+        "  Redis us per node and interval: " + ", ".join(
+            f"{k} {v}" for k, v in f.get("redis_us_per_node_interval", {}).items()),
+        f"  lost node -> new round of {f.get('lost_world')}: {_fmt(f.get('lost_s'))} s (complete "
+        f"in Redis at {_fmt(f.get('lost_complete_s'))} s)",
         f"  restart: acked by {f.get('restart_acked')} nodes in {_fmt(f.get('restart_ack_s'))} s,"
-        f" workers started again in {_fmt(f.get('restart_started_s'))} s",
+        f" the new round complete in Redis at {_fmt(f.get('restart_complete_s'))} s, workers "
+        f"started again in {_fmt(f.get('restart_started_s'))} s",
         f"  stacks: {f.get('stacks_answered')} of {f.get('stacks_expected')} ranks answered, "
         f"{f.get('stacks_groups')} groups, in {_fmt(f.get('stacks_s'))} s",
     ])

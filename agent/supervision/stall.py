@@ -229,6 +229,8 @@ class StallWatch:
                  emit: Callable[..., Any],
                  request_stacks: Callable[..., Any] | None = None) -> None:
         self.client = client
+        # EVALSHA: Redis hashes a script's whole text on every EVAL.
+        self._report_and_claim = client.register_script(_REPORT_AND_CLAIM)
         self.reader = reader  # blocks longer than the stack replies' reads
         self.job_id = job_id
         self.keys = JobKeys(job_id)
@@ -276,10 +278,10 @@ class StallWatch:
     async def check(self, round_: int, started_ms: int, age_ms: int) -> tuple[bool, int, int]:
         """Write this node's newest progress (``age_ms`` ago) and claim a stall of the job if
         there is one: ``(claimed, idle ms, the job's newest progress ms)``."""
-        reply = await self.client.eval(
-            _REPORT_AND_CLAIM, 3, self.keys.progress, self.keys.stall(round_),
-            self.keys.progress_newest, self.node_id, int(age_ms), self.timeout_ms,
-            int(started_ms), self.lease_ms, self.jitter_ms, int(round_))
+        reply = await self._report_and_claim(
+            keys=[self.keys.progress, self.keys.stall(round_), self.keys.progress_newest],
+            args=[self.node_id, int(age_ms), self.timeout_ms, int(started_ms), self.lease_ms,
+                  self.jitter_ms, int(round_)])
         claimed, idle, newest = (int(x) for x in reply)
         return bool(claimed), idle, newest
 
