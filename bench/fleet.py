@@ -7,7 +7,7 @@ resource samples (``ResourceSampler.run``), stall progress (``StallWatch.check``
 replies (``StackCollector.publish``). Only the workers are fake: no process is spawned, a
 node "runs" ``--nproc-per-node`` ranks whose samples and stacks are made up. Every node holds
 two Redis connections, as an agent does: one for its writes and scripts, one for its
-blocking reads (the commands, the rendezvous notify and joins streams in one XREAD).
+blocking reads (the commands and the rendezvous's notify stream in one XREAD, StreamMux).
 
 The nodes are packed into as many processes as there are cores; each process runs its nodes
 on one event loop, the rendezvous through ``AsyncRedisRendezvous`` (the agent's steps and
@@ -44,7 +44,6 @@ import os
 import random
 import resource
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -71,8 +70,6 @@ from elastic_agent.supervision.publisher import StreamPublisher
 from elastic_agent.supervision.stacks import StackCollector
 from elastic_agent.supervision.stall import StallWatch, interval_for
 from elastic_agent.supervision.standalone import RedisServer
-
-BLOCK_MS = 30_000
 
 _STACK = """Thread 0x00007f0000000001 (most recent call first):
   File "/opt/train.py", line {line} in {fn}
@@ -291,11 +288,9 @@ async def _fleet_main(conn: Any, url: str, job: str, first: int, count: int, npr
                       settings: RendezvousSettings) -> None:
     loop = asyncio.get_running_loop()
     reports: list[tuple[str, int, float, Any]] = []
-    lock = threading.Lock()
 
     def report(kind: str, index: int, at: float, detail: Any) -> None:
-        with lock:
-            reports.append((kind, index, at, detail))
+        reports.append((kind, index, at, detail))
 
     nodes = [SimNode(first + i, url, job, settings, nproc, report)
              for i in range(count)]
@@ -317,10 +312,8 @@ async def _fleet_main(conn: Any, url: str, job: str, first: int, count: int, npr
             runs[msg[1] - first].cancel()
             conn.send(("killed", time.time()))
         elif kind == "reports":
-            with lock:
-                out = list(reports)
-                reports.clear()
-            conn.send(("reports", out))
+            conn.send(("reports", list(reports)))
+            reports.clear()
         elif kind == "stop":
             for t in runs:
                 t.cancel()
