@@ -1,7 +1,7 @@
 # `make test` and `make demo` work on a fresh machine: they build .venv, install the project
 # with its test extras (torch pinned to the CPU build found on these machines) and find or
 # install a real redis-server; `make test` also tmux, for the console's end-to-end test, and
-# chromium, for the browser view's.
+# chromium, for the browser view's, and SLURM with munge, for the scheduler tests' own cluster.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -25,7 +25,7 @@ redis: $(STAMP)
 	@bash scripts/ensure-tools.sh $(VENV) redis-server
 
 tools: $(STAMP)
-	@bash scripts/ensure-tools.sh $(VENV) redis-server tmux chromium
+	@bash scripts/ensure-tools.sh $(VENV) redis-server tmux chromium slurm
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check agent console tests bench examples scripts

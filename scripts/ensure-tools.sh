@@ -6,6 +6,9 @@
 #                 machine that cannot get it gets a warning, and the tmux test fails saying so);
 #   chromium:     PATH first, then Debian's package when we are root, for the browser view's
 #                 test (playwright drives it; it never downloads a browser of its own).
+#   slurm:        slurmctld, slurmd, the client commands and munge, from Debian's packages when
+#                 we are root: tests/slurm.py starts a private two-node cluster with them (no
+#                 service is used: a package that starts one gets it stopped again).
 # Usage: ensure-tools.sh VENV [TOOL...]   (default tools: redis-server tmux)
 set -euo pipefail
 venv=${1:-.venv}
@@ -53,11 +56,25 @@ ensure_chromium() {
        "the browser view's test (tests/test_console_serve.py) will fail" >&2
 }
 
+ensure_slurm() {
+  command -v srun >/dev/null 2>&1 && command -v slurmctld >/dev/null 2>&1 \
+    && command -v slurmd >/dev/null 2>&1 && command -v munged >/dev/null 2>&1 && return 0
+  local pkg
+  for pkg in slurmctld slurmd slurm-client munge; do
+    apt_install "$pkg" || break
+  done
+  (service munge stop; service slurmd stop; service slurmctld stop) >/dev/null 2>&1 || true
+  command -v srun >/dev/null 2>&1 && command -v slurmctld >/dev/null 2>&1 && return 0
+  echo "warning: SLURM is missing and apt-get could not install it (that needs root):" \
+       "the SLURM tests (tests/test_slurm_cluster.py) will fail" >&2
+}
+
 for tool in "${tools[@]}"; do
   case $tool in
     redis-server) ensure_redis ;;
     tmux) ensure_tmux ;;
     chromium) ensure_chromium ;;
+    slurm) ensure_slurm ;;
     *) echo "ensure-tools.sh: unknown tool '$tool'" >&2; exit 2 ;;
   esac
 done
