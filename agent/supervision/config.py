@@ -29,6 +29,7 @@ from ..coordination.protocol import InvalidJobIdError, validate_job_id
 from ..coordination.rendezvous import RendezvousSettings
 from .logs import parse_local_ranks_filter, parse_std_spec
 from .retention import DEFAULT_RETENTION_S, parse_duration
+from .slurm import SlurmEnvError, SlurmStep, check_one_task_per_node, gpus_per_node, read_step
 from .stacks import DEFAULT_SIGNAL as DEFAULT_STACK_SIGNAL
 from .stacks import parse_stack_signal
 
@@ -92,6 +93,11 @@ class AgentConfig:
     stall_timeout: float = 300.0
     #: --on-stall: observe (report it), restart (the worker group, spending a restart) or stop.
     on_stall: str = "observe"
+    #: The srun step this agent is a task of (slurm.py), None outside SLURM: its SIGTERM and
+    #: SIGUSR1 are the scheduler's, and a requeued job reopens.
+    slurm: SlurmStep | None = None
+    #: No Redis was given under SLURM: the step's first node hosts one (cli.py).
+    slurm_redis: bool = False
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,9 @@ def _both(name: str) -> list[str]:
     return [flag] if alt == flag else [flag, alt]
 
 
+DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="elastic-agent",
@@ -139,13 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
       help=f"file holding the Redis password, used when the URL has none (default "
       f"${PASSWORD_FILE_ENV}, else ${PASSWORD_ENV}: both keep it out of ps, unlike the URL)")
     a(*_both("job-id"), dest="job_id", default=None,
-      help="job id shared by every agent of the job (default $ELASTIC_JOB_ID; a single-node "
-      "job without one gets a generated id)")
+      help="job id shared by every agent of the job (default $ELASTIC_JOB_ID; under srun "
+      "slurm-$SLURM_JOB_ID.$SLURM_STEP_ID; a single-node job without one gets a generated id)")
     a("--standalone", action="store_true",
       help="single-node job on an embedded redis-server on loopback")
-    a("--nnodes", default="1:1", help="number of nodes, N or MIN:MAX")
-    a(*_both("nproc-per-node"), dest="nproc_per_node", default="1",
-      help="workers per node: N, auto, cpu or gpu")
+    a("--nnodes", default=None, help="number of nodes, N or MIN:MAX (default 1; under srun "
+      "the step's node count, $SLURM_NNODES)")
+    a(*_both("nproc-per-node"), dest="nproc_per_node", default=None,
+      help="workers per node: N, auto, cpu or gpu (default 1; under srun the GPUs SLURM gave "
+      "the node, when it gave some)")
     a(*_both("rdzv-backend"), dest="rdzv_backend", default=None,
       help="redis (the default: nodes meet in Redis, elastic) or static (torchrun's default "
       "when --node-rank/--master-addr are given: fixed group ranks and master; Redis still "
@@ -203,8 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     a(*_both("shutdown-timeout"), dest="shutdown_timeout", default="30",
       help="seconds between SIGTERM and SIGKILL when stopping workers (default 30)")
     a(*_both("signals-to-handle"), dest="signals_to_handle",
-      default="SIGTERM,SIGINT,SIGHUP,SIGQUIT",
-      help="signals that make the agent stop its workers and leave the job")
+      default=None,
+      help="signals that make the agent stop its workers and leave the job (default "
+      f"{DEFAULT_SIGNALS}; under srun also SIGUSR1, sbatch --signal's usual choice)")
     a(*_both("exit-barrier-timeout"), dest="exit_barrier_timeout", default="300",
       help="seconds a finished node waits for the others (default 300)")
     a(*_both("node-rank"), dest="node_rank", default=None,
@@ -528,7 +540,18 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
     ns = parser.parse_args(argv)
     if ns.log_line_prefix_template is None:  # torchrun has only the variable, no flag
         ns.log_line_prefix_template = env.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
-    min_nodes, max_nodes = parse_nnodes(ns.nnodes)
+    slurm, slurm_error = _slurm_step(env)
+    if ns.nnodes is None and slurm is not None:
+        _check_slurm_tasks(slurm)
+        ns.nnodes = str(slurm.nnodes)
+    elif ns.nnodes is None and slurm_error is not None:
+        raise UsageError(f"{slurm_error} (or give --nnodes)")
+    min_nodes, max_nodes = parse_nnodes(ns.nnodes or "1:1")
+    if ns.nproc_per_node is None:
+        ns.nproc_per_node = _slurm_gpus(env) if slurm is not None else "1"
+    if ns.signals_to_handle is None:
+        ns.signals_to_handle = DEFAULT_SIGNALS + (",SIGUSR1" if slurm is not None else "")
+    redis_given = bool(ns.redis or ns.rdzv_endpoint or env.get("ELASTIC_REDIS_URL"))
     try:
         endpoint = with_outside_password(
             parse_endpoint(ns.redis or ns.rdzv_endpoint or env.get("ELASTIC_REDIS_URL")),
@@ -536,6 +559,10 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
     except EndpointError as exc:
         raise UsageError(f"--redis: {exc}") from None
     job_id = ns.job_id or ns.rdzv_id or env.get("ELASTIC_JOB_ID")
+    if job_id in (None, "", "none") and slurm is not None:
+        job_id = slurm.elastic_job_id
+    elif job_id in (None, "", "none") and slurm_error is not None:
+        raise UsageError(f"{slurm_error} (or give --job-id)")
     if job_id in (None, "", "none"):  # torchrun's --rdzv-id default is "none"
         if max_nodes > 1 and not ns.standalone:
             raise UsageError(
@@ -604,7 +631,8 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
     stall_timeout = float(_number(ns.stall_timeout, "--stall-timeout", float))
     if not 0 <= stall_timeout <= 1e9:  # (NaN and infinity fail this too)
         raise UsageError(f"--stall-timeout {ns.stall_timeout!r} is not a number of seconds")
-    cfg = replace(cfg, stall_timeout=stall_timeout, on_stall=ns.on_stall)
+    cfg = replace(cfg, stall_timeout=stall_timeout, on_stall=ns.on_stall, slurm=slurm,
+                  slurm_redis=slurm is not None and not redis_given and not ns.standalone)
     if cfg.virtual_local_rank:
         check_virtual_local_rank(cfg.nproc, env)
     # Made last, so a rejected command line leaves no directory behind.
@@ -612,6 +640,30 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
     if logs_specs is not None:  # the plugin makes its own run directory below the root
         return replace(cfg, log_dir=base, logs_specs=logs_specs)
     return replace(cfg, log_dir=run_log_dir(base, job_id))
+
+
+def _slurm_step(env: Mapping[str, str]) -> tuple[SlurmStep | None, str | None]:
+    """The srun step (None outside one), or the one-line reason its variables are unusable:
+    that is an error only where a value would come from them (explicit flags win)."""
+    try:
+        return read_step(env), None
+    except SlurmEnvError as exc:
+        return None, str(exc)
+
+
+def _check_slurm_tasks(step: SlurmStep) -> None:
+    try:
+        check_one_task_per_node(step)
+    except SlurmEnvError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _slurm_gpus(env: Mapping[str, str]) -> str:
+    try:
+        gpus = gpus_per_node(env)
+    except SlurmEnvError as exc:
+        raise UsageError(str(exc)) from None
+    return str(gpus) if gpus else "1"
 
 
 def default_log_dir() -> Path:
