@@ -29,6 +29,7 @@ from ..coordination.connection import (
 from ..coordination.protocol import EVENTS_MAXLEN, EventType, JobKeys, ProtocolError, encode_event
 from ..coordination.rendezvous import RendezvousConnectionError, RendezvousError
 from ..coordination.text import terminal_line, terminal_lines
+from . import slurm_redis
 from .config import AgentConfig, UsageError, parse_args
 from .standalone import (
     RedisServer,
@@ -80,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     server: RedisServer | None = None
     nodes: list[str] = []
     try:
+        if cfg.slurm_redis:
+            try:
+                cfg, server = _slurm_endpoint(cfg)
+            except (RedisServerNotFoundError, RuntimeError) as exc:
+                return _fail(str(exc), 1)
         if cfg.standalone:
             try:
                 server = start_standalone()
@@ -91,11 +97,29 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr, flush=True)
         code = _run(cfg, nodes.append)
         if server is not None and nodes:
+            if cfg.slurm_redis:
+                slurm_redis.wait_for_peers_to_leave(server, cfg.job_id)
             _linger_for_consoles(server, cfg.job_id, nodes[0], linger)
         return code
     finally:
         if server is not None:
             server.cleanup()
+
+
+def _slurm_endpoint(cfg: AgentConfig) -> tuple[AgentConfig, RedisServer | None]:
+    """Under srun with no Redis given: host the job's on the step's first node, or wait
+    for it on the others (slurm_redis.py). Raises RuntimeError saying what to do."""
+    step = cfg.slurm
+    assert step is not None
+    addr, port = slurm_redis.endpoint(step, os.environ)
+    url = f"redis://{addr}:{port}"
+    server = None
+    if step.is_first_node:
+        server = slurm_redis.host(step, addr, port)
+        slurm_redis.announce(step, cfg.job_id, url)
+    else:
+        slurm_redis.wait_for(url, str(step.first_node))
+    return dataclasses.replace(cfg, endpoint=parse_endpoint(url)), server
 
 
 def _linger_seconds(value: str | None) -> float:
