@@ -925,11 +925,21 @@ class JobView:
                 self.root_cause = cause
             self._note(ev, "job", f"job failed after {self.restarts_used} restarts: "
                        + _cause_text(self.root_cause), _cause_detail(self.root_cause))
+        elif final == STOPPED and d.get("scheduler"):
+            self._note(ev, "job", f"job stopped by the scheduler ({d.get('scheduler')}, "
+                       f"{d.get('signal', '?')}: {d.get('meaning', '')})")
         elif final == STOPPED:
             self._note(ev, "job", f"job stopped by {d.get('issuer', '?')} "
                        f"(command {d.get('command_id', '?')})")
         else:
             self._note(ev, "job", f"job succeeded ({self.restarts_used} restarts used)")
+
+    def _on_job_requeued(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        """The scheduler requeued the job: its stop was not its end, it runs again."""
+        self.state = RUNNING
+        self._note(ev, "job", f"job requeued by the scheduler ({d.get('scheduler', '?')}, "
+                   f"restart {_int(d.get('slurm_restart_count'), 0)}): it runs again under "
+                   "the same id")
 
     def _on_command_ack(self, ev: Event, node: str, d: dict[str, Any]) -> None:
         cid = d.get("command_id")
@@ -980,6 +990,7 @@ class JobView:
         EventType.JOB_SUCCEEDED: _on_job_end,
         EventType.JOB_FAILED: _on_job_end,
         EventType.JOB_STOPPED: _on_job_end,
+        EventType.JOB_REQUEUED: _on_job_requeued,
         EventType.COMMAND_ACK: _on_command_ack,
         EventType.LOGS_DROPPED: _on_logs_dropped,
         EventType.REDIS_STOPPING: _on_redis_stopping,

@@ -440,7 +440,8 @@ class EventType:
     WORKERS_STOPPED = "workers_stopped"  # ranks[], reason
     JOB_SUCCEEDED = "job_succeeded"
     JOB_FAILED = "job_failed"  # root_cause{...}, restarts_used
-    JOB_STOPPED = "job_stopped"  # command_id, issuer
+    # command_id, issuer; or, stopped by a scheduler: issuer, scheduler, signal, meaning
+    JOB_STOPPED = "job_stopped"
     COMMAND_ACK = "command_ack"  # command_id, status (accepted|rejected|done), reason
     LOGS_DROPPED = "logs_dropped"  # count (lines lost to a full outage buffer)
     # final_state, linger_s: the job ended and its embedded Redis (--standalone) stops, at the
@@ -452,13 +453,16 @@ class EventType:
     # (observe|restart|stop), round: no rank of the job made progress for --stall-timeout
     # (stall.py); written once per stall by the agent that claimed it (JobKeys.stall)
     STALLED = "stalled"
+    # scheduler ("slurm"), slurm_restart_count: the scheduler requeued the job, which runs
+    # again under its id; a job_stopped (issuer "the scheduler") before it is not its end
+    JOB_REQUEUED = "job_requeued"
 
     ALL = frozenset(
         {
             NODE_JOINED, NODE_LEFT, NODE_LOST, RENDEZVOUS_COMPLETE, WORKERS_STARTED,
             WORKER_EXITED, GROUP_FAILED, RESTARTING, WORKERS_STOPPED, JOB_SUCCEEDED,
             JOB_FAILED, JOB_STOPPED, COMMAND_ACK, LOGS_DROPPED, REDIS_STOPPING,
-            WORKER_TIMER_EXPIRED, STALLED,
+            WORKER_TIMER_EXPIRED, STALLED, JOB_REQUEUED,
         }
     )
 

@@ -62,7 +62,7 @@ from ..coordination.rendezvous import (
 from ..coordination.store import RedisStore, StoreTimeoutError, barrier
 from ..coordination.stream_mux import StreamMux
 from ..coordination.text import terminal_line
-from . import pages
+from . import pages, scheduler
 from .commands import CommandReader, Rejected, stacks_limit, stacks_refused
 from .config import AgentConfig
 from .events import EventSink, ResourceSampler, RestartClock
@@ -285,6 +285,7 @@ class ElasticAgent:
     async def _main(self) -> int:
         await self._warn_eviction_policy()
         await self._write_meta()
+        await self._reopen_if_requeued()
         self.events.emit(EventType.NODE_JOINED, host=self.host, addr=self.rdzv.local_addr,
                          pid=os.getpid(), nproc=self.cfg.nproc)
         while True:
@@ -500,6 +501,9 @@ class ElasticAgent:
                     res: GroupResult = group.result()
                     if res.state == WorkerState.SUCCEEDED:
                         return Outcome.SUCCEEDED, res
+                    if (self.cfg.slurm is not None and scheduler.killed_by_a_signal(res.failures)
+                            and await scheduler.own_signal_soon(self._signal)):
+                        return Outcome.SIGNAL, self._signal.result()  # SLURM's, not a failure
                     return Outcome.FAILED, res
                 if stalled in done:
                     return Outcome.STALLED, stalled.result()
@@ -839,6 +843,8 @@ class ElasticAgent:
 
     async def _leave_on_signal(self, sig: int) -> int:
         await self._stop_workers("signal")
+        if scheduler.is_scheduler_stop(self.cfg.slurm is not None, sig):
+            await self._close_by_scheduler(sig)
         self.events.emit(EventType.NODE_LEFT, host=self.host,
                          reason=f"signal {signal.Signals(sig).name}")
         await asyncio.to_thread(self.rdzv.shutdown)
@@ -848,6 +854,8 @@ class ElasticAgent:
         if outcome == Outcome.SIGNAL:
             assert self._signal is not None
             sig = self._signal.result()
+            if scheduler.is_scheduler_stop(self.cfg.slurm is not None, sig):
+                await self._close_by_scheduler(sig)
             self.events.emit(EventType.NODE_LEFT, host=self.host,
                              reason=f"signal {signal.Signals(sig).name}")
             return 128 + sig
@@ -919,6 +927,31 @@ class ElasticAgent:
                                  restarts_used=self._restarts_used,
                                  max_restarts=self.cfg.max_restarts)
         await self._redis("closing the rendezvous", lambda: asyncio.to_thread(self.rdzv.set_closed))
+
+    async def _close_by_scheduler(self, sig: int) -> None:
+        """SLURM stopped the job (scheduler.py): it ends as stopped, by the scheduler."""
+        if await self._claim_final("stopped"):
+            self.events.emit(EventType.JOB_STOPPED, **scheduler.stopped_fields(sig),
+                             restarts_used=self._restarts_used,
+                             max_restarts=self.cfg.max_restarts)
+            self.say(f"job {self.cfg.job_id} stopped by the scheduler "
+                     f"({signal.Signals(sig).name})")
+        with contextlib.suppress(RedisUnavailableError):
+            await self._redis("closing the rendezvous",
+                              lambda: asyncio.to_thread(self.rdzv.set_closed))
+
+    async def _reopen_if_requeued(self) -> None:
+        """A job SLURM requeued comes back under its id: the first agent reopens it."""
+        step = self.cfg.slurm
+        if step is None or step.restart_count < 1:
+            return
+        reopened = await self._redis("reopening the requeued job", lambda: self._client.eval(
+            scheduler.REOPEN, 2, self.keys.meta, self.keys.rdzv_state, step.restart_count))
+        if reopened == 1:
+            self.events.emit(EventType.JOB_REQUEUED, scheduler="slurm",
+                             slurm_restart_count=step.restart_count)
+            self.say(f"job {self.cfg.job_id} requeued by SLURM (restart "
+                     f"{step.restart_count}): its history and restart count continue")
 
     # -- commands -------------------------------------------------------------------------
     async def _read_commands(self) -> None:
