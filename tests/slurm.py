@@ -178,7 +178,8 @@ class SlurmCluster:
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
+        # slurmctld takes 3-10 s to save a state nobody will read: 1 s, then SIGKILL.
+        deadline = time.monotonic() + 1
         for proc in self.procs:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))

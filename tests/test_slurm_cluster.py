@@ -8,9 +8,12 @@ it through scripts/ensure-tools.sh).
 from __future__ import annotations
 
 import os
+import random
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +23,7 @@ import redis
 
 from elastic_agent.coordination.protocol import Event, EventType, JobKeys, decode_event
 from elastic_console.state import JobView
-from tests.agents import EXAMPLES, ROOT, SCRIPTS
+from tests.agents import EXAMPLES, ROOT, SCRIPTS, Agent
 from tests.slurm import SlurmCluster
 from tests.waiting import wait_until
 
@@ -143,3 +146,94 @@ def test_scancel_stops_the_job_cleanly_as_the_schedulers(cluster: SlurmCluster, 
     assert state.state == "stopped"
     assert any("stopped by the scheduler (slurm, SIGTERM" in t.text for t in state.timeline)
     wait_until(lambda: not any(psutil.pid_exists(p) for p in pids), 10, "no worker left")
+
+
+def _sbatch(cluster: SlurmCluster, out: Path, *args: str,
+            env: dict[str, str] | None = None) -> str:
+    """``sbatch examples/slurm.sbatch ARGS`` from the repo's root, as the README says; the
+    job's output to ``out`` (the script's own --output names a file in the root)."""
+    proc = cluster.run("sbatch", "--parsable", f"--output={out}",
+                       str(EXAMPLES / "slurm.sbatch"), *args, env=env or {}, cwd=str(ROOT))
+    return proc.stdout.strip().split(";")[0]
+
+
+def _ended(cluster: SlurmCluster, slurm_job: str) -> str | None:
+    state = cluster.job_state(slurm_job)
+    return state if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") else None
+
+
+def test_the_example_sbatch_script_runs_as_written(cluster: SlurmCluster,
+                                                   tmp_path: Path) -> None:
+    out = tmp_path / "job.out"
+    slurm_job = _sbatch(cluster, out, env={"ELASTIC_REDIS_URL": "",  # no Redis of its own
+                                           "CHECKPOINT_DIR": str(tmp_path / "checkpoints")})
+    try:
+        state = wait_until(lambda: _ended(cluster, slurm_job), 120, "the batch job's end")
+    finally:
+        cluster.run("scancel", slurm_job, check=False)
+    text = out.read_text()
+    assert state == "COMPLETED", text
+    ranks = set(re.findall(r"rank (\d)/4 local_rank", text))
+    assert ranks == {"0", "1", "2", "3"}, text
+    assert f"elastic-console attach slurm-{slurm_job}.0 --redis" in text
+    assert f"succeeded: job slurm-{slurm_job}.0" in text
+    assert (tmp_path / "checkpoints").is_dir()
+
+
+def test_a_requeued_job_keeps_its_id_history_and_restart_count(cluster: SlurmCluster,
+                                                               redis_url: str, r: redis.Redis,
+                                                               tmp_path: Path) -> None:
+    out = tmp_path / "job.out"
+    slurm_job = _sbatch(cluster, out, WORKER, "requeue", env={"ELASTIC_REDIS_URL": redis_url})
+    job = f"slurm-{slurm_job}.0"
+    try:
+        # First run: rank 1 crashes, the job restarts once and runs until requeued.
+        wait_until(lambda: out.exists() and len(re.findall(
+            r"attempt 1 requeue 0", out.read_text())) == 4, 60, "the restarted first run")
+        cluster.run("scontrol", "requeue", slurm_job)
+        # SLURM holds a requeued job back (Reason=BeginTime) before it runs it again.
+        wait_until(lambda: cluster.job_state(slurm_job) == "PENDING", 30, "the job requeued")
+        cluster.run("scontrol", "update", f"JobId={slurm_job}", "StartTime=now")
+        state = wait_until(lambda: _ended(cluster, slurm_job), 60, "the requeued run's end")
+    finally:
+        cluster.run("scancel", slurm_job, check=False)
+    text = out.read_text()
+    assert state == "COMPLETED", text
+    assert len(re.findall(r"attempt 1 requeue 1", text)) == 4, text  # counter continued
+    history = [e.type for e in events(r, job)]
+    assert history.count(EventType.GROUP_FAILED) == 1  # the first run's, kept
+    first_stop = history.index(EventType.JOB_STOPPED)
+    assert EventType.JOB_REQUEUED in history[first_stop:]
+    assert history[-1] == EventType.JOB_SUCCEEDED
+    assert r.get(JobKeys(job).restarts) == b"1"
+    assert r.hget(JobKeys(job).meta, "final_state") == b"succeeded"
+    view = JobView(job)
+    view.apply_events(events(r, job))
+    assert view.state == "succeeded" and view.restarts_used == 1
+    assert any("requeued by the scheduler" in t.text for t in view.timeline)
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGUSR1, 138)])
+def test_a_worker_killed_by_slurms_signal_just_before_its_agent_is_no_failure(
+        redis_url: str, r: redis.Redis, tmp_path: Path, sig: signal.Signals, code: int) -> None:
+    """SLURM signals every process of a step one after another: here the worker first, its
+    agent 0.1 s later (deterministically; on the cluster the order varies). The job ends
+    stopped by the scheduler, no restart spent (--max-restarts 0 would fail it otherwise)."""
+    slurm_job = str(random.randrange(10**6, 10**7))
+    env = {"SLURM_JOB_ID": slurm_job, "SLURM_STEP_ID": "0", "SLURM_NNODES": "1",
+           "SLURM_STEP_NUM_TASKS": "1", "SLURM_STEP_NODELIST": "n1", "SLURMD_NODENAME": "n1"}
+    agent = Agent(["--redis", redis_url, "--shutdown-timeout", "5", WORKER, "run"], tmp_path,
+                  "agent", env=env)
+    try:
+        pid = int(wait_until(lambda: re.search(r"worker rank 0 of 1 pid (\d+)", agent.output),
+                             30, "the worker running").group(1))
+        os.kill(pid, sig)
+        time.sleep(0.1)  # the gap between SLURM's kill() of two processes of the step
+        os.kill(agent.pid, sig)
+        assert agent.wait(30) == code, agent.output
+    finally:
+        agent.kill()
+    job = f"slurm-{slurm_job}.0"
+    assert r.hget(JobKeys(job).meta, "final_state") == b"stopped", agent.output
+    assert not of_type(r, job, EventType.GROUP_FAILED)
+    assert of_type(r, job, EventType.JOB_STOPPED)[0].data["signal"] == sig.name

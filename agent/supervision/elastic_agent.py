@@ -946,7 +946,9 @@ class ElasticAgent:
         if step is None or step.restart_count < 1:
             return
         reopened = await self._redis("reopening the requeued job", lambda: self._client.eval(
-            scheduler.REOPEN, 2, self.keys.meta, self.keys.rdzv_state, step.restart_count))
+            scheduler.REOPEN, 7, self.keys.meta, self.keys.rdzv_state, self.keys.rdzv_members,
+            self.keys.rdzv_waiting, self.keys.rdzv_ranks, self.keys.rdzv_left,
+            self.keys.rdzv_lost, step.restart_count))
         if reopened == 1:
             self.events.emit(EventType.JOB_REQUEUED, scheduler="slurm",
                              slurm_restart_count=step.restart_count)

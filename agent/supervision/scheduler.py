@@ -44,14 +44,21 @@ _SIGNALLED_TOO = frozenset(int(s) for s in (signal.SIGTERM, signal.SIGUSR1, sign
                                               signal.SIGINT, signal.SIGHUP))
 SIGNAL_GRACE_S = 0.5
 
-# Reopens a requeued job once per SLURM restart count. KEYS: meta, rendezvous state.
+# Reopens a requeued job once per SLURM restart count: its end is forgotten and a fresh
+# rendezvous round opens (the previous round's members are gone for good: nobody waits for
+# them to come back). KEYS: meta, rdzv state, members, waiting, ranks, left, lost.
 # ARGV: SLURM_RESTART_COUNT. Returns 1 for the one agent that reopened it, else 0.
 REOPEN = """
 local seen = tonumber(redis.call('HGET', KEYS[1], 'slurm_restart_count') or '0') or 0
 if tonumber(ARGV[1]) <= seen then return 0 end
 redis.call('HSET', KEYS[1], 'slurm_restart_count', ARGV[1])
 redis.call('HDEL', KEYS[1], 'final_state')
-if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('HSET', KEYS[2], 'closed', 0) end
+local round = tonumber(redis.call('HGET', KEYS[2], 'round') or '')
+if round then
+  redis.call('HSET', KEYS[2], 'round', round + 1, 'status', 'open', 'closed', 0,
+             'deadline', 0, 'back', 0)
+  redis.call('DEL', KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+end
 return 1
 """
 
