@@ -138,9 +138,14 @@ def test_scancel_stops_the_job_cleanly_as_the_schedulers(cluster: SlurmCluster, 
     # Not a failure: no restart spent, no group failure reported.
     assert not of_type(r, job.group(), EventType.GROUP_FAILED), text
     assert r.get(keys.restarts) in (None, b"0")
-    assert {e.node for e in of_type(r, job.group(), EventType.WORKERS_STOPPED)
-            if e.data.get("reason") == "signal"} or "stopped by the scheduler" in text
+    # Both nodes stopped their workers; every rank's end is on record (the evidence).
+    assert len({e.node for e in of_type(r, job.group(), EventType.WORKERS_STOPPED)
+                if e.data.get("reason") == "signal"}) == 2, text
+    assert sorted(e.data["rank"] for e in of_type(r, job.group(), EventType.WORKER_EXITED)
+                  ) == [0, 1, 2, 3]
     assert "stopped by the scheduler (SIGTERM)" in text
+    assert sorted(re.findall(r"task (\d): Exited with exit code (\d+)", text)) == [
+        ("0", "143"), ("1", "143")], text
     state = JobView(job.group())
     state.apply_events(events(r, job.group()))
     assert state.state == "stopped"
