@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         return code
     finally:
         if server is not None:
+            if cfg.slurm_redis:
+                server.kill()  # it ignores SIGTERM (slurm_redis.host); nothing to save
             server.cleanup()
 
 

@@ -12,6 +12,7 @@ use a real Redis (or Sentinel) through ``--redis`` / ``$ELASTIC_REDIS_URL`` (REA
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 import time
@@ -30,6 +31,8 @@ FIND_TIMEOUT_S = 60.0
 #: Seconds the hosting agent keeps its Redis up after its job ended, while the other agents
 #: still hold connections (they publish their last records after the exit barrier).
 PEERS_LEAVE_TIMEOUT_S = 15.0
+_SCHEDULER_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
+                      signal.SIGUSR2}
 
 
 def endpoint(step: SlurmStep, env: Mapping[str, str]) -> tuple[str, int]:
@@ -50,6 +53,12 @@ def host(step: SlurmStep, addr: str, port: int) -> RedisServer:
         raise RuntimeError(f"cannot resolve {addr!r}, the address SLURM gives node "
                            f"{step.first_node} ({exc}): give --redis") from None
     server = RedisServer(port=port, host=bind)
+    # SLURM signals every process of the step (scancel's SIGTERM, --signal's SIGUSR1), this
+    # server too: it would be gone while the agents record how the job ended. Blocked in the
+    # forking thread, the signals stay blocked in redis-server (the mask survives exec, and
+    # Redis installs handlers without unblocking): it ends by the SIGKILL of its agent's
+    # end (PR_SET_PDEATHSIG, see standalone.py) or by SLURM's after KillWait.
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _SCHEDULER_SIGNALS)
     try:
         return server.start()
     except RuntimeError as exc:
@@ -57,6 +66,8 @@ def host(step: SlurmStep, addr: str, port: int) -> RedisServer:
         raise RuntimeError(f"the job's Redis could not start on {step.first_node} port {port} "
                            f"({exc}); set $ELASTIC_SLURM_REDIS_PORT to a free port, or give "
                            "--redis") from None
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def wait_for(url: str, first_node: str, timeout: float = FIND_TIMEOUT_S) -> None:
