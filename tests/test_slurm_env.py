@@ -7,9 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
+from elastic_agent.coordination.ports import free_port
+from elastic_agent.supervision import slurm_redis
 from elastic_agent.supervision.config import UsageError, parse_args
 from elastic_agent.supervision.slurm import (
     SlurmEnvError,
@@ -140,3 +143,13 @@ def test_the_cli_exits_2_with_one_line_on_a_bad_slurm_variable() -> None:
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "SLURM_STEP_NUM_NODES" in lines[0] and "--nnodes" in lines[0]
+
+
+def test_a_node_waiting_for_the_first_nodes_redis_gives_up_in_one_line() -> None:
+    port = free_port()  # nothing listens there: the first node never started its Redis
+    started = time.monotonic()
+    with pytest.raises(RuntimeError) as err:
+        slurm_redis.wait_for(f"redis://127.0.0.1:{port}", "n1", timeout=0.5)
+    assert time.monotonic() - started < 5
+    message = str(err.value)
+    assert "\n" not in message and "n1" in message and "--redis" in message

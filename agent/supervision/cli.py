@@ -114,7 +114,7 @@ def _slurm_endpoint(cfg: AgentConfig) -> tuple[AgentConfig, RedisServer | None]:
     step = cfg.slurm
     assert step is not None
     addr, port = slurm_redis.endpoint(step, os.environ)
-    url = f"redis://{addr}:{port}"
+    url = f"redis://[{addr}]:{port}" if ":" in addr else f"redis://{addr}:{port}"
     server = None
     if step.is_first_node:
         server = slurm_redis.host(step, addr, port)

@@ -48,7 +48,7 @@ def host(step: SlurmStep, addr: str, port: int) -> RedisServer:
     """Start the embedded Redis on this, the first, node. Raises RuntimeError (with what to
     do) when it cannot: another process on the port, no redis-server installed."""
     try:
-        bind = socket.gethostbyname(addr)
+        bind = addr if ":" in addr else socket.gethostbyname(addr)  # (an IPv6 NodeAddr)
     except OSError as exc:
         raise RuntimeError(f"cannot resolve {addr!r}, the address SLURM gives node "
                            f"{step.first_node} ({exc}): give --redis") from None
