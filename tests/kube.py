@@ -86,7 +86,8 @@ class Cluster:
     secrets: dict[tuple[str, str], str] = field(default_factory=dict)
     names: dict[str, str] = field(default_factory=dict)
     volumes: Path | None = None
-    job_id: str | None = None  # the Job's name, as its pods' job-name label says
+    #: The Job's uid, as its pods' controller-uid label says (a fresh one per Job object).
+    job_uid: str = "00000000-0000-0000-0000-000000000000"
 
     @staticmethod
     def pod_ip(index: int) -> str:
@@ -149,8 +150,11 @@ def _field(doc: dict[str, Any], path: str, cluster: Cluster, index: int) -> str:
     if path == "status.podIP":
         return cluster.pod_ip(index)
     label = re.fullmatch(r"metadata\.labels\['([^']+)'\]", path)
-    if label and label.group(1) == "batch.kubernetes.io/job-name" and doc["kind"] == "Job":
-        return cluster.job_id or doc["metadata"]["name"]
+    if label and doc["kind"] == "Job":  # the labels the Job controller puts on its pods
+        pod_labels = {"batch.kubernetes.io/job-name": doc["metadata"]["name"],
+                      "batch.kubernetes.io/controller-uid": cluster.job_uid}
+        if label.group(1) in pod_labels:
+            return pod_labels[label.group(1)]
     raise AssertionError(f"fieldRef {path}: no local stand-in")
 
 

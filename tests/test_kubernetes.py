@@ -20,6 +20,7 @@ import http.client
 import re
 import secrets
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,14 +144,14 @@ def _get(host: str, port: int, path: str) -> int:
 
 @pytest.mark.parametrize("manifest", AGENT_MANIFESTS)
 def test_the_agents_of_the_manifest_form_one_job_and_finish(
-        manifest: str, cluster: tuple[kube.Cluster, str], job_id: str, tmp_path: Path) -> None:
+        manifest: str, cluster: tuple[kube.Cluster, str], tmp_path: Path) -> None:
     base, url = cluster
     (job,) = [d for d in kube.documents(kube.MANIFESTS / manifest) if d["kind"] == "Job"]
     assert job["spec"]["completionMode"] == "Indexed"
     n = job["spec"]["completions"]
     assert job["spec"]["parallelism"] == n >= 2
     cl = kube.Cluster(secrets=base.secrets, names={**base.names}, volumes=base.volumes,
-                      job_id=job_id)
+                      job_uid=str(uuid.uuid4()))
     cl.names.update(kube.pod_names(job, cl))
     spec = kube.pod_spec(job)
     if spec.get("subdomain"):  # pods found by name need the headless Service of that name
@@ -160,6 +161,9 @@ def test_the_agents_of_the_manifest_form_one_job_and_finish(
     procs = [kube.local_process(job, "agent", cl, i) for i in range(n)]
     argv0 = procs[0].argv
     assert argv0[0] == "elastic-agent", argv0
+    # The Job's name and uid: a Job applied again is a new job, not one that "succeeded".
+    job_id = f"{job['metadata']['name']}-{cl.job_uid}"
+    assert f"--job-id={job_id}" in argv0, argv0
     # A fixed --master-port is a port of the whole host here, which other tests on this
     # shared machine may hold: a free one instead (the only flag changed).
     master_port = free_port()
@@ -181,8 +185,8 @@ def test_the_agents_of_the_manifest_form_one_job_and_finish(
             agents.append(Agent(p.argv[1:], tmp_path, f"pod{i}", env=p.env,
                                 command=[str(script)], cwd=kube.ROOT))
             if i == 0:
-                wait_until(lambda: _probe_ok(cl.pod_ip(0), probe_port, probe["path"]), 60,
-                           "the liveness probe of pod 0 to get 200")
+                wait_until(lambda: _probe_ok(cl.pod_ip(0), probe_port, probe["path"])
+                           or _exited(agents[0]), 60, "the liveness probe of pod 0 to get 200")
         codes = [a.wait(240) for a in agents]
         assert codes == [0] * n, "\n".join(a.output[-3000:] for a in agents)
     finally:
@@ -206,6 +210,14 @@ def test_the_agents_of_the_manifest_form_one_job_and_finish(
     assert succeeded, "no job_succeeded event"
     outputs = "".join(a.output for a in agents)
     assert f"rank 0/{n * nproc}" in outputs, outputs[-3000:]
+
+
+def _exited(agent: Agent) -> bool:
+    """An agent that ended while it should be waiting for the others fails the test now."""
+    if agent.proc.poll() is not None:
+        raise AssertionError(f"pod 0's agent exited {agent.proc.returncode}:\n"
+                             f"{agent.output[-3000:]}")
+    return False
 
 
 def _probe_ok(host: str, port: int, path: str) -> bool:
