@@ -15,6 +15,7 @@ Kubernetes itself cannot run here. Instead:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import http.client
 import re
@@ -187,11 +188,15 @@ def test_the_agents_of_the_manifest_form_one_job_and_finish(
             if i == 0:
                 wait_until(lambda: _probe_ok(cl.pod_ip(0), probe_port, probe["path"])
                            or _exited(agents[0]), 60, "the liveness probe of pod 0 to get 200")
-        codes = [a.wait(240) for a in agents]
+        # All done, or one failed (the others would wait for it until their join timeout).
+        wait_until(lambda: all(a.proc.poll() == 0 for a in agents)
+                   or any(a.proc.poll() not in (None, 0) for a in agents), 150,
+                   "every agent to exit 0, or one to fail")
+        codes = [a.proc.poll() for a in agents]
         assert codes == [0] * n, "\n".join(a.output[-3000:] for a in agents)
     finally:
         for a in agents:
-            a.kill()
+            _end(a)
     r = redis.Redis.from_url(url, password=cl.secrets[("elastic-redis", "password")])
     try:
         joined = {e.node: e.data["addr"] for e in of_type(r, job_id, "node_joined")}
@@ -210,6 +215,13 @@ def test_the_agents_of_the_manifest_form_one_job_and_finish(
     assert succeeded, "no job_succeeded event"
     outputs = "".join(a.output for a in agents)
     assert f"rank 0/{n * nproc}" in outputs, outputs[-3000:]
+
+
+def _end(process: Agent) -> None:
+    """Kill what is left of it and close its output file."""
+    process.kill()
+    with contextlib.suppress(AssertionError):
+        process.wait(10)
 
 
 def _exited(agent: Agent) -> bool:
@@ -253,4 +265,4 @@ def test_the_console_of_the_manifest_serves_on_loopback(
         assert _get("127.0.0.1", port, f"/{m.group(2)}/") == 200
         assert _get("127.0.0.1", port, "/") == 403  # the token is the way in
     finally:
-        server.kill()
+        _end(server)
