@@ -124,12 +124,22 @@ def test_the_redis_of_the_manifest_never_evicts(cluster: tuple[kube.Cluster, str
     client = redis.Redis.from_url(url, password=cl.secrets[("elastic-redis", "password")])
     try:
         assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
-        assert int(client.config_get("maxmemory")["maxmemory"]) > 0
+        # Under the container's limit: Redis refuses writes before the kernel kills it.
+        limit = kube.container(kube.find("StatefulSet", "elastic-redis"), "redis")[
+            "resources"]["limits"]["memory"]
+        assert 0 < int(client.config_get("maxmemory")["maxmemory"]) < _bytes(limit), limit
         assert client.config_get("appendonly") == {"appendonly": "yes"}
     finally:
         client.close()
     with pytest.raises(redis.AuthenticationError):
         redis.Redis.from_url(url).ping()
+
+
+def _bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity in binary units (``4Gi``)."""
+    m = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti)?", quantity)
+    assert m, f"{quantity!r}: write the limit in Ki, Mi, Gi or Ti"
+    return int(m.group(1)) * 1024 ** ("", "Ki", "Mi", "Gi", "Ti").index(m.group(2) or "")
 
 
 # -- the agents -----------------------------------------------------------------------------
