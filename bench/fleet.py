@@ -1,7 +1,8 @@
 """A fleet of simulated nodes against one real redis-server: the job at 256 to 4,096 nodes.
 
 Each simulated node runs the agent's own coordination code: the rendezvous (``RedisRendezvous``:
-join, heartbeats from its thread, the membership summary every keep-alive interval), the
+join, the membership summary with the node's beat in it every keep-alive interval, heartbeats
+on their own only when that call is late), the
 command stream and its acks (``decode_command``, ``EventSink`` through a ``StreamPublisher``),
 resource samples (``ResourceSampler.run``), stall progress (``StallWatch.check``) and stack
 replies (``StackCollector.publish``). Only the workers are fake: no process is spawned, a
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import multiprocessing
 import os
@@ -65,7 +67,7 @@ from elastic_agent.coordination.stack_replies import request_stacks
 from elastic_agent.coordination.stream_mux import StreamMux
 from elastic_agent.supervision.commands import CommandReader, Rejected
 from elastic_agent.supervision.events import EventSink, ResourceSampler
-from elastic_agent.supervision.job_records import JobRecords
+from elastic_agent.supervision.job_records import JobRecords, ReseedSchedule
 from elastic_agent.supervision.publisher import StreamPublisher
 from elastic_agent.supervision.stacks import StackCollector
 from elastic_agent.supervision.stall import StallWatch, interval_for
@@ -192,11 +194,14 @@ class SimNode:
             last = await self.writer.xrevrange(key, count=1)
             streams[key] = last[0][0].decode() if last else "0-0"
         interval_ms = int(self.settings.keep_alive_interval * 1000)
+        reseed = ReseedSchedule(self.rdzv)
         while True:
             assert self.result is not None
-            with contextlib.suppress(redis.RedisError, OSError):
-                await self.records.reseed()  # as the agent's watch does every interval
-            m, newly = await self.rdzv.lost_since_last_check()
+            if reseed.due():  # as the agent's watch does
+                with contextlib.suppress(redis.RedisError, OSError):
+                    await self.records.reseed()
+                    reseed.done()
+            m, newly = await self.rdzv.lost_since_last_check(beat=True)
             for node in newly:
                 self.events.emit(EventType.NODE_LOST, lost_node=node, host="fleet")
             if (m.round > self.result.round or self.rdzv.waiting_count(m) > 0
@@ -278,9 +283,24 @@ class _Barrier:
         await self.event.wait()
 
 
+#: ``FLEET_PROFILE=DIR``: each fleet process profiles itself (cProfile) into DIR/fleet-FIRST.prof,
+#: to see what a simulated node costs the process (the bench's own limit at 4,096 nodes).
+_PROFILE = os.environ.get("FLEET_PROFILE")
+
+
+atexit_dump: list[Callable[[], None]] = []  # os._exit skips atexit
+
+
 def _fleet_process(conn: Any, url: str, job: str, first: int, count: int, nproc: int,
                    settings: RendezvousSettings) -> None:
     raise_fd_limit()
+    if _PROFILE:
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
+        atexit_dump[:] = [lambda: profile.dump_stats(os.path.join(_PROFILE,
+                                                                  f"fleet-{first}.prof"))]
     asyncio.run(_fleet_main(conn, url, job, first, count, nproc, settings))
 
 
@@ -296,6 +316,10 @@ async def _fleet_main(conn: Any, url: str, job: str, first: int, count: int, npr
              for i in range(count)]
     for i in range(0, count, 256):
         await asyncio.gather(*(n.connect() for n in nodes[i:i + 256]))
+    # Thousands of nodes' objects in one process: full collections would stall every node of
+    # it at once (an agent has one node and a small heap).
+    gc.collect()
+    gc.freeze()
     barrier = _Barrier(count)
     conn.send(("ready", count))
     runs: list[asyncio.Task[None]] = []
@@ -323,6 +347,8 @@ async def _fleet_main(conn: Any, url: str, job: str, first: int, count: int, npr
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.gather(*(n.close() for n in nodes),
                                                       return_exceptions=True), 15)
+            for dump in atexit_dump:
+                dump()
             conn.send(("stopped",))
             # Threads still wait on calls into this loop (a killed node's last read): no
             # interpreter shutdown that would join them.
@@ -516,6 +542,9 @@ def run_fleet(n: int, args: argparse.Namespace) -> dict[str, Any]:
             out["redis_us_per_node_interval"] = {
                 k.removeprefix("cmdstat_"): round(float(v["usec"]) / n / intervals, 1)
                 for k, v in sorted(stats.items(), key=lambda kv: -float(kv[1]["usec"]))[:8]}
+            out["calls_per_node_interval"] = {
+                k.removeprefix("cmdstat_"): round(int(v["calls"]) / n / intervals, 2)
+                for k, v in sorted(stats.items(), key=lambda kv: -int(kv[1]["calls"]))[:10]}
             out["commands_per_node_interval"] = (c1 - c0) / n / intervals
             out["used_memory_mib"] = int(r.info("memory")["used_memory"]) / 2**20
             clients = int(r.info("clients")["connected_clients"]) - 1  # (this bench's own)
@@ -682,6 +711,8 @@ def _report(f: dict[str, Any], args: argparse.Namespace) -> str:
         f"commands; falsely lost: {f['false_lost']}",
         "  Redis us per node and interval: " + ", ".join(
             f"{k} {v}" for k, v in f.get("redis_us_per_node_interval", {}).items()),
+        "  calls per node and interval (scripts' own calls included): " + ", ".join(
+            f"{k} {v}" for k, v in f.get("calls_per_node_interval", {}).items()),
         f"  lost node -> new round of {f.get('lost_world')}: {_fmt(f.get('lost_s'))} s (complete "
         f"in Redis at {_fmt(f.get('lost_complete_s'))} s)",
         f"  restart: acked by {f.get('restart_acked')} nodes in {_fmt(f.get('restart_ack_s'))} s,"

@@ -22,15 +22,17 @@ class Agent:
     """One elastic-agent process; output goes to a file so a chatty job never blocks it."""
 
     def __init__(self, args: list[str], tmp: Path, name: str, env: dict[str, str] | None = None,
-                 prefix: list[str] | None = None):
-        """``prefix`` goes before the command (``ip netns exec NS``: another host)."""
+                 prefix: list[str] | None = None, command: list[str] | None = None,
+                 cwd: str | Path | None = None):
+        """``prefix`` goes before the command (``ip netns exec NS``: another host);
+        ``command`` replaces ``python -m`` the agent's module (an installed script)."""
         self.out_path = tmp / f"{name}.out"
         self._out = open(self.out_path, "wb")  # noqa: SIM115 - closed in wait()
         full_env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1",
                     **(env or {})}
-        self.proc = subprocess.Popen([*(prefix or []), *AGENT, *args], stdout=self._out,
-                                     stderr=subprocess.STDOUT, env=full_env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen([*(prefix or []), *(command or AGENT), *args],
+                                     stdout=self._out, stderr=subprocess.STDOUT, env=full_env,
+                                     start_new_session=True, cwd=cwd)
         self.pid = self.proc.pid
 
     @property

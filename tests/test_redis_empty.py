@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import types
 
 import pytest
 
@@ -18,6 +19,7 @@ from elastic_agent.coordination.protocol import (
     JobKeys,
     encode_command,
 )
+from elastic_agent.supervision.job_records import ReseedSchedule
 from tests.agents import SCRIPTS, Agent, alive, wait_until
 from tests.test_agent import FAST, agent_args, log_lines, of_type
 from tests.test_console_cli import console as _console
@@ -158,3 +160,27 @@ def test_the_console_shows_a_job_whose_agents_died_as_lost(redis_url, r, job_id,
             await until(lambda: " LOST " in (app.header._shown or ""), "LOST in the header")
 
     asyncio.run(run())
+
+
+def test_reseed_schedule_reseeds_after_a_restoration_at_once_else_every_few_intervals():
+    """A node's records script runs at its first pass, at once after its beat restored the
+    rendezvous, every RESEED_EVERY passes otherwise, and again until one went through."""
+    rdzv = types.SimpleNamespace(restorations=0)
+    schedule = ReseedSchedule(rdzv, every=5)
+
+    def passes(k: int, succeed: bool = True) -> list[bool]:
+        out = []
+        for _ in range(k):
+            due = schedule.due()
+            out.append(due)
+            if due and succeed:
+                schedule.done()
+        return out
+
+    assert passes(7) == [True, False, False, False, False, True, False]
+    rdzv.restorations += 1  # a beat found Redis empty and put the round back
+    assert schedule.restored()
+    assert passes(2) == [True, False]
+    assert not schedule.restored()
+    assert passes(6, succeed=False) == [False, False, False, True, True, True]  # owed until done
+    assert passes(2) == [True, False]

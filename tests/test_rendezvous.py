@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 from redis.crc import key_slot
 
+from elastic_agent.coordination.connection import make_client
 from elastic_agent.coordination.ports import free_port
 from elastic_agent.coordination.protocol import JobKeys
 from elastic_agent.coordination.rendezvous import (
@@ -202,6 +203,32 @@ def test_lost_node_is_declared_and_survivors_reform_without_last_call(nodes: Nod
     again = nodes.join_all([a, b])
     assert {r.group_world_size for r in again} == {2} and {r.round for r in again} == {1}
     c._client.close()
+
+
+def test_a_beat_that_reaches_redis_late_judges_nobody(nodes: Nodes) -> None:
+    """A beat with its summary, sent before an outage that cut every node off and delivered
+    only when it ends (the kernel retransmits what the client gave up on), must not call the
+    others lost: its own last beat is as stale as theirs, by Redis's clock."""
+    s = RendezvousSettings(min_nodes=2, max_nodes=2, last_call_timeout=30, join_timeout=10,
+                           heartbeat_timeout=1.0, keep_alive_interval=0.2)
+    a, b = (nodes.make(s) for _ in range(2))
+    nodes.join_all([a, b])
+    for h in (a, b):
+        h._stop.set()  # no beats of their own: this test sends them
+    r = make_client(nodes.url)
+    stale = int(r.zscore(a.keys.rdzv_heartbeats, a.node_id)) - 3000  # both cut off 3 s ago
+    r.zadd(a.keys.rdzv_heartbeats, {a.node_id: stale, b.node_id: stale})
+    a._renewal_done = time.monotonic()  # the client saw no outage: it decided to judge
+    assert a._may_judge()
+    m, newly = a.lost_since_last_check(beat=True)
+    assert m.lost == [] and newly == [], "a late beat judged the others"
+    assert not r.smembers(a.keys.rdzv_lost)
+    assert not a._may_judge(), "judging again before the others had a heartbeat timeout to beat"
+    # Once its own beats are fresh again and the others had their time, it judges.
+    a._judge_after = 0.0
+    a._renewal_done = time.monotonic()
+    m, newly = a.lost_since_last_check(beat=True)
+    assert m.lost == [b.node_id] and newly == [b.node_id]
 
 
 def _join_and_hang(url: str, job: str, s: RendezvousSettings) -> None:

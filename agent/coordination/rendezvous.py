@@ -428,28 +428,36 @@ return {'open', round, now, next_wake(now, hbt), last_notify_id(), open_payload(
 # state and the rest add themselves): O(1) per node. Group rank 0 also puts back the
 # readers' record and gives every member a fresh heartbeat, so that a member that never
 # beats again is seen lost; the rest would otherwise all look lost at once.
-_HEARTBEAT = _PRELUDE + """
-local node, desc, head, assign, full = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local now = now_ms()
-local restored = 0
+# The beat and the summary are functions so that one script can run both: an agent's watch
+# loop beats and reads the summary in one call every keep-alive interval (the heartbeat thread
+# only beats when that call has not: during a rendezvous, or while the loop is held up). One
+# EVALSHA instead of two per node and interval: the call's own cost (a round trip, a script
+# started) is most of what either costs Redis.
+_BEAT_FN = """
+-- Returns restored (1 if this beat put back what Redis had lost), and whether the node is a
+-- member of the current round when the beat had to find out (nil otherwise).
+local function beat(node, desc, head, assign, full, now)
+local restored, member = 0, nil
 if head ~= '' then
   local h = cjson.decode(head)
-  local cur = redis.call('HGET', K_STATE, 'round')
+  local s = redis.call('HMGET', K_STATE, 'round', 'status')
+  local cur, status = s[1], s[2]
   if not cur then
     redis.call('DEL', K_RANKS, K_MEMBERS, K_WAITING, K_LEFT, K_LOST)
     redis.call('HSET', K_STATE, 'round', h['round'], 'status', 'complete', 'closed', 0,
                'deadline', 0, 'seq', h['world_size'], 'back', 0, 'prev_n', h['world_size'],
                'head', head)
     restored = 1
-    cur = h['round']
+    cur, status = h['round'], 'complete'
   end
-  if tonumber(cur) == h['round'] and redis.call('HGET', K_STATE, 'status') == 'complete' then
+  if tonumber(cur) == h['round'] and status == 'complete' then
+    member = redis.call('HEXISTS', K_RANKS, node) == 1
     local rank = tonumber(string.match(assign, '^%d+ (%d+) '))
-    if rank and redis.call('HEXISTS', K_RANKS, node) == 0 then
+    if rank and not member then
       redis.call('HSET', K_RANKS, node, rank)
       redis.call('ZADD', K_MEMBERS, rank, node)
       redis.call('HSET', K_ASSIGN, node, assign)
-      restored = 1
+      restored, member = 1, true
     end
     if full ~= '' and redis.call('EXISTS', K_ROUND) == 0 then
       local r = cjson.decode(full)
@@ -467,8 +475,15 @@ if head ~= '' then
     end
   end
 end
-if desc ~= '' then redis.call('HSETNX', K_NODES, node, desc) end
+-- The node's description was written by its join; it goes back with whatever else was lost.
+if desc ~= '' and (restored == 1 or head == '') then redis.call('HSETNX', K_NODES, node, desc) end
 redis.call('ZADD', K_HB, now, node)
+return restored, member
+end
+"""
+_HEARTBEAT = _PRELUDE + _BEAT_FN + """
+local now = now_ms()
+local restored = beat(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], now)
 return {now, restored}
 """
 
@@ -501,20 +516,22 @@ return 1
 # NAMES a call); a stale heartbeat of a node that is not a member (a waiter or an old member
 # that died) is dropped on the way, so the dead are met once. With mark, records lost members
 # and returns those newly recorded, so one caller across the job reports each.
-_SUMMARY = _PRELUDE + """
-local node, hbt, mark = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
-local now = now_ms()
-if redis.call('EXISTS', K_STATE) == 0 then
+_SUMMARY_FN = """
+-- member: whether the node is in the complete round, if the caller knows already (a beat in
+-- the same script found out), else nil.
+local function summary(node, hbt, mark, now, member)
+local s = redis.call('HMGET', K_STATE, 'round', 'status', 'closed')
+if not s[1] then
   return cjson.encode({round = 0, status = 'gone', closed = false, n = 0, member = false,
     live = 0, lost = {}, newly_lost = {}, left = {}, n_left = 0, waiting = {}, n_waiting = 0,
     now = now})
 end
-local round, status, closed = state()
+local round, status, closed = tonumber(s[1]), s[2], s[3] == '1'
 local lost, newly = {}, {}
-local n, member
+local n
 if status == 'complete' then
   n = redis.call('HLEN', K_RANKS)
-  member = redis.call('HEXISTS', K_RANKS, node) == 1
+  if member == nil then member = redis.call('HEXISTS', K_RANKS, node) == 1 end
   local stale = redis.call('ZRANGEBYSCORE', K_HB, '-inf', '(' .. (now - hbt), 'LIMIT', 0, NAMES)
   for _, m in ipairs(stale) do
     if redis.call('HEXISTS', K_RANKS, m) == 1 then
@@ -531,11 +548,34 @@ else
   n = redis.call('ZCARD', K_MEMBERS)
   member = redis.call('ZSCORE', K_MEMBERS, node) ~= false
 end
+-- The lists are empty nearly always: count first, list only what is there.
+local n_left, n_waiting = redis.call('SCARD', K_LEFT), redis.call('ZCARD', K_WAITING)
+local left, waiting = {}, {}
+if n_left > 0 then left = redis.call('SRANDMEMBER', K_LEFT, NAMES) end
+if n_waiting > 0 then waiting = redis.call('ZRANGE', K_WAITING, 0, NAMES - 1) end
 return cjson.encode({round = round, status = status, closed = closed, n = n, member = member,
   live = redis.call('ZCOUNT', K_HB, now - hbt, '+inf'), lost = lost, newly_lost = newly,
-  left = redis.call('SRANDMEMBER', K_LEFT, NAMES), n_left = redis.call('SCARD', K_LEFT),
-  waiting = redis.call('ZRANGE', K_WAITING, 0, NAMES - 1),
-  n_waiting = redis.call('ZCARD', K_WAITING), now = now})
+  left = left, n_left = n_left, waiting = waiting, n_waiting = n_waiting, now = now})
+end
+"""
+_SUMMARY = _PRELUDE + _SUMMARY_FN + """
+return summary(ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', now_ms())
+"""
+# ARGV: the beat's five (node, desc, head, assign, full), then the summary's heartbeat timeout
+# and mark. Returns {restored, the summary's JSON, held}.
+#
+# held (1): this node's own previous beat is older than half the heartbeat timeout, by Redis's
+# clock, so it judges nobody: the call may have been sent before an outage that cut this node
+# off, and run only now (a request the client gave up on is still delivered by the kernel
+# when the network heals); the others' beats are as stale as this node's was. The client's
+# own check (``_may_judge``) cannot see that: it decided before the call was sent.
+_BEAT_SUMMARY = _PRELUDE + _BEAT_FN + _SUMMARY_FN + """
+local now, hbt = now_ms(), tonumber(ARGV[6])
+local prev = redis.call('ZSCORE', K_HB, ARGV[1])
+local held = ARGV[7] == '1' and not (prev and now - tonumber(prev) <= hbt / 2)
+local restored, member = beat(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], now)
+local mark = ARGV[7] == '1' and not held
+return {restored, summary(ARGV[1], hbt, mark, now, member), held and 1 or 0}
 """
 
 # ARGV: hbt_ms. The whole membership, every list in full: O(N), for tools and tests (a
@@ -571,7 +611,7 @@ return cjson.encode({round = round, status = status, closed = closed, members = 
 
 
 _SCRIPTS = {"join": _JOIN, "heartbeat": _HEARTBEAT, "leave": _LEAVE, "close": _CLOSE,
-            "membership": _MEMBERSHIP, "summary": _SUMMARY}
+            "membership": _MEMBERSHIP, "summary": _SUMMARY, "beat_summary": _BEAT_SUMMARY}
 
 T = TypeVar("T")
 
@@ -881,20 +921,24 @@ class RedisRendezvous:
             lost=_decode_list(d["lost"]), left=_decode_list(d["left"]),
             waiting=_decode_list(d["waiting"]), now_ms=int(d["now"]))
 
-    def lost_since_last_check(self) -> tuple[Membership, list[str]]:
+    def lost_since_last_check(self, beat: bool = False) -> tuple[Membership, list[str]]:
         """A summary of the membership (counts; at most ``NAMES`` nodes per list) plus the
         lost members that this call was first to see: O(log N) in the job's size.
 
         Exactly one caller across the job gets each lost node, so it alone reports it.
         A node that cannot judge now (see ``_may_judge``) calls nobody lost: ``lost`` is empty.
-        """
-        return self._drive(self._lost_steps())
 
-    def _lost_steps(self) -> Generator[Any, Any, tuple[Membership, list[str]]]:
+        ``beat``: the same call also beats, as :meth:`heartbeat` does (one script call a node
+        makes every keep-alive interval instead of two); the heartbeat thread then skips the
+        beat that is due, and beats by itself only when these calls stop coming.
+        """
+        return self._drive(self._lost_steps(beat))
+
+    def _lost_steps(self, beat: bool = False) -> Generator[Any, Any, tuple[Membership, list[str]]]:
         if not self._may_judge():
-            m, _ = yield from self._summary_steps(mark_lost=False)
+            m, _ = yield from self._summary_steps(mark_lost=False, beat=beat)
             return replace(m, lost=[]), []
-        return (yield from self._summary_steps(mark_lost=True))
+        return (yield from self._summary_steps(mark_lost=True, beat=beat))
 
     def _may_judge(self) -> bool:
         """Whether this node may call others lost now: not while its own heartbeats are not
@@ -907,11 +951,24 @@ class RedisRendezvous:
         done = self._renewal_done
         return done is not None and now - done <= gap and now >= self._judge_after
 
-    def _summary_steps(self, mark_lost: bool) -> Generator[Any, Any, tuple[Membership, list[str]]]:
+    def _summary_steps(self, mark_lost: bool, beat: bool = False
+                       ) -> Generator[Any, Any, tuple[Membership, list[str]]]:
         s = self.settings
-        raw = yield from _script("summary", [self.node_id, int(s.heartbeat_timeout * 1000),
-                                             int(mark_lost)])
+        summary_args = [int(s.heartbeat_timeout * 1000), int(mark_lost)]
+        held = False
+        if beat:
+            sent = time.monotonic()
+            restored, raw, held = yield from _script("beat_summary", [*self._beat_args(),
+                                                                      *summary_args])
+            yield from self._beaten(sent, restored)
+            if held:  # cut off until just now, by Redis's clock: judge nobody yet
+                self._judge_after = max(self._judge_after,
+                                        time.monotonic() + s.heartbeat_timeout)
+        else:
+            raw = yield from _script("summary", [self.node_id, *summary_args])
         d = json.loads(raw)
+        if held:
+            d["lost"], d["newly_lost"] = [], []
         m = Membership(
             round=int(d["round"]), status=str(d["status"]), closed=bool(d["closed"]),
             members=[], live=[], lost=_decode_list(d["lost"]), left=_decode_list(d["left"]),
@@ -974,10 +1031,25 @@ class RedisRendezvous:
         list the job again (everything a reader needs of the rendezvous)."""
         self._drive(self._heartbeat_steps())
 
+    def _beat_args(self) -> list[Any]:
+        return [self.node_id, self._desc, self._head, self._assign, self._round_json]
+
     def _heartbeat_steps(self) -> Generator[Any, Any, None]:
         sent = time.monotonic()
-        _, restored = yield from _script("heartbeat", [self.node_id, self._desc, self._head,
-                                                       self._assign, self._round_json])
+        _, restored = yield from _script("heartbeat", self._beat_args())
+        yield from self._beaten(sent, restored)
+
+    def _beat_due(self) -> bool:
+        """Whether the heartbeat thread must beat: no beat (of its own or riding on a summary,
+        ``lost_since_last_check(beat=True)``) for most of an interval. The gap between beats
+        stays under two intervals, far inside the heartbeat timeout."""
+        done = self._renewal_done
+        return done is None or (
+            time.monotonic() - done >= 0.75 * self.settings.keep_alive_interval)
+
+    def _beaten(self, sent: float, restored: Any) -> Generator[Any, Any, None]:
+        """After a beat that was sent at ``sent``: the renewal's bookkeeping, and the job's
+        listing put back if the beat found the rendezvous lost and restored it."""
         done = time.monotonic()
         if self._renewal_done is not None and done - self._renewal_done > (
                 self.settings.heartbeat_timeout / 2):
@@ -1002,6 +1074,8 @@ class RedisRendezvous:
     def _heartbeat_loop(self) -> None:
         last_error = ""
         while not self._stop.wait(self.settings.keep_alive_interval):
+            if not self._beat_due():
+                continue
             try:
                 self.heartbeat()
                 last_error = ""
@@ -1061,8 +1135,9 @@ class AsyncRedisRendezvous(RedisRendezvous):
     async def heartbeat(self) -> None:  # type: ignore[override]
         await self._adrive(self._heartbeat_steps())
 
-    async def lost_since_last_check(self) -> tuple[Membership, list[str]]:  # type: ignore[override]
-        return await self._adrive(self._lost_steps())
+    async def lost_since_last_check(  # type: ignore[override]
+            self, beat: bool = False) -> tuple[Membership, list[str]]:
+        return await self._adrive(self._lost_steps(beat))
 
     async def shutdown(self) -> bool:  # type: ignore[override]
         """Leave the rendezvous and stop the heartbeats (the clients are the caller's)."""
@@ -1089,6 +1164,8 @@ class AsyncRedisRendezvous(RedisRendezvous):
         last_error = ""
         while not self._stop.is_set():
             await asyncio.sleep(self.settings.keep_alive_interval)  # a beat is due
+            if not self._beat_due():
+                continue
             try:
                 await self.heartbeat()
                 last_error = ""

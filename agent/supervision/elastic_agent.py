@@ -68,7 +68,7 @@ from .config import AgentConfig
 from .events import EventSink, ResourceSampler, RestartClock
 from .fence import Fence
 from .health import HealthCheck
-from .job_records import JobRecords
+from .job_records import JobRecords, ReseedSchedule
 from .logs import LogConfig, NodeLogs, make_logs_drop_marker, parse_std_spec
 from .loops import keep_running
 from .publisher import StreamPublisher
@@ -540,16 +540,23 @@ class ElasticAgent:
                 streams[key] = last[0][0].decode() if last else "0-0"
         grace_until = 0.0
         interval = self.cfg.rendezvous.keep_alive_interval
+        reseed = ReseedSchedule(self.rdzv)
         while True:
             raise_if_cancelled()
             try:
-                if await self.records.reseed():
-                    # Redis came back empty: readers get the job back, the workers go on.
-                    self.say("Redis lost the job's records (restarted empty?); putting them back")
-                    await asyncio.to_thread(self.rdzv.heartbeat)  # the round, at once
-                    self._announce_round(restored=True)
-                    self._announce_workers(restored=True)
-                m, newly_lost = await asyncio.to_thread(self.rdzv.lost_since_last_check)
+                if reseed.due():
+                    if await self.records.reseed():
+                        # Redis came back empty: readers get the job back, the workers go on.
+                        self.say("Redis lost the job's records (restarted empty?); "
+                                 "putting them back")
+                        await asyncio.to_thread(self.rdzv.heartbeat)  # the round, at once
+                        self._announce_round(restored=True)
+                        self._announce_workers(restored=True)
+                    reseed.done()
+                # This node's beat rides on the summary: one script call per interval.
+                m, newly_lost = await asyncio.to_thread(self.rdzv.lost_since_last_check, True)
+                if reseed.restored():
+                    continue  # the beat found Redis empty: the records go back at once
                 in_grace = time.monotonic() < grace_until
                 for node in newly_lost:
                     self.events.emit(EventType.NODE_LOST, lost_node=node,

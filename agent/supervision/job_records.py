@@ -3,16 +3,16 @@
 A Redis restarted without persistence, a FLUSHALL or a failover to an empty replica leaves
 running workers with no job: no index entry, no meta, no log-stream set, a restart counter
 back at zero. The rendezvous puts its own round back (``RedisRendezvous.heartbeat``); this
-module does the rest. Every keep-alive interval each agent runs one idempotent script with
-what it knows: meta fields are set only where missing, its log stream is added to the set,
+module does the rest. Each agent runs one idempotent script with what it knows as soon as
+its beat finds the rendezvous lost, and every :data:`RESEED_EVERY` keep-alive intervals
+otherwise: meta fields are set only where missing, its log stream is added to the set,
 and the restart counter is raised to the highest value this agent has seen, never lowered
 (so the restart budget never starts over).
 
 The log-stream set is how every reader finds the job's log streams, which live outside the
 job's slot (``JobKeys.logs``: on a cluster, on other masters). Its cost per node is one member
 of ~60 bytes, written once when the node's first worker opens (``NodeLogs.open_worker``) and
-confirmed by this script every keep-alive interval: one O(1) ``SADD`` per node and interval,
-inside a call the node makes anyway.
+confirmed by this script: one O(1) ``SADD`` per node every 30 s.
 
 What an empty Redis loses for good: events and log lines written before it (they were in the
 lost streams), and a restart claim between its write and the next reseed of another agent.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -42,6 +43,43 @@ local current = tonumber(redis.call('GET', KEYS[2]) or '0')
 if current ~= nil and current < seen then redis.call('SET', KEYS[2], seen) end
 return redis.call('SADD', KEYS[3], ARGV[2]) == 0 and 1 or 0
 """
+
+
+#: Keep-alive intervals between two reseeds when nothing says Redis lost the job. A Redis that
+#: lost everything is seen at once (the beat finds the rendezvous gone, ReseedSchedule);
+#: the periodic reseed catches what a failover to a lagging replica may lose on its own (this
+#: node's entry in the log-stream set, a restart claim), within 30 s at the default 2 s.
+RESEED_EVERY = 15
+
+
+class ReseedSchedule:
+    """When an agent's watch loop reseeds: at its first pass, after any beat that found the
+    rendezvous lost and put it back (``rdzv.restorations`` grew), and every
+    :data:`RESEED_EVERY` passes otherwise; a reseed that failed (an outage) is owed until one
+    succeeds. One script call per node every 30 s instead of every interval: it was a third
+    of a node's script calls per interval."""
+
+    def __init__(self, rdzv: Any, every: int = RESEED_EVERY) -> None:
+        self._rdzv = rdzv
+        self._every = every
+        self._seen = rdzv.restorations
+        self._passes = 0
+        self._owed = True
+
+    def due(self) -> bool:
+        """Called once per pass of the loop: True when this pass reseeds."""
+        self._passes += 1
+        if self._passes >= self._every:
+            self._owed = True
+        return self._owed or self.restored()
+
+    def done(self) -> None:
+        """The reseed went through."""
+        self._owed, self._passes, self._seen = False, 0, self._rdzv.restorations
+
+    def restored(self) -> bool:
+        """Whether a beat restored the rendezvous since the last reseed."""
+        return self._rdzv.restorations != self._seen
 
 
 class JobRecords:
