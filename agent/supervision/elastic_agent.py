@@ -943,20 +943,15 @@ class ElasticAgent:
                              max_restarts=self.cfg.max_restarts)
             self.say(f"job {self.cfg.job_id} stopped by the scheduler "
                      f"({signal.Signals(sig).name})")
-        with contextlib.suppress(RedisUnavailableError):
-            await self._redis("closing the rendezvous",
-                              lambda: asyncio.to_thread(self.rdzv.set_closed))
+        await self._redis("closing the rendezvous", lambda: asyncio.to_thread(self.rdzv.set_closed))
 
     async def _reopen_if_requeued(self) -> None:
         """A job SLURM requeued comes back under its id: the first agent reopens it."""
         step = self.cfg.slurm
         if step is None or step.restart_count < 1:
             return
-        reopened = await self._redis("reopening the requeued job", lambda: self._client.eval(
-            scheduler.REOPEN, 7, self.keys.meta, self.keys.rdzv_state, self.keys.rdzv_members,
-            self.keys.rdzv_waiting, self.keys.rdzv_ranks, self.keys.rdzv_left,
-            self.keys.rdzv_lost, step.restart_count))
-        if reopened == 1:
+        if await self._redis("reopening the requeued job", lambda: scheduler.reopen(
+                self._client, self.keys, step.restart_count)):
             self.events.emit(EventType.JOB_REQUEUED, scheduler="slurm",
                              slurm_restart_count=step.restart_count)
             self.say(f"job {self.cfg.job_id} requeued by SLURM (restart "

@@ -32,6 +32,8 @@ import contextlib
 import signal
 from typing import Any
 
+from ..coordination.protocol import JobKeys
+
 #: Signals that are the scheduler stopping the job, when the agent runs under srun.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 _MEANING = {
@@ -61,6 +63,15 @@ if round then
 end
 return 1
 """
+
+
+async def reopen(client: Any, keys: JobKeys, restart_count: int) -> bool:
+    """Run :data:`REOPEN` (one call, O(1) but for the previous round's membership, deleted
+    once per requeue); True for the one agent of the job that reopened it."""
+    reopened = await client.eval(REOPEN, 7, keys.meta, keys.rdzv_state, keys.rdzv_members,
+                                 keys.rdzv_waiting, keys.rdzv_ranks, keys.rdzv_left,
+                                 keys.rdzv_lost, restart_count)
+    return bool(reopened == 1)
 
 
 def is_scheduler_stop(under_slurm: bool, sig: int) -> bool:
