@@ -111,25 +111,33 @@ def _start_in_background(cluster: SlurmCluster, tmp_path: Path, *args: str,
     return proc, out
 
 
+@pytest.mark.parametrize(("how", "sig", "code"), [
+    ((), "SIGTERM", "143"),  # scancel
+    (("--signal=USR1",), "SIGUSR1", "138"),  # what sbatch --signal=USR1@T sends before the limit
+])
 def test_scancel_without_a_redis_ends_every_agent_before_slurms_sigkill(
-        cluster: SlurmCluster, tmp_path: Path) -> None:
-    """SLURM's SIGTERM reaches the first node's redis-server too: it must outlive the agents
-    recording the job's end (both exit 143 themselves, nobody is SIGKILLed at KillWait)."""
+        cluster: SlurmCluster, tmp_path: Path, how: tuple[str, ...], sig: str,
+        code: str) -> None:
+    """SLURM's signal reaches the first node's redis-server too: it must outlive the agents
+    recording the job's end (both exit by the signal themselves, nobody is SIGKILLed at
+    KillWait)."""
     proc, out = _start_in_background(cluster, tmp_path, "--nproc-per-node", "2",
                                      "--shutdown-timeout", "5", WORKER, "run", env={})
     try:
         wait_until(lambda: out.read_text().count("worker rank") == 4, 60, "4 workers running")
         job = re.search(r"slurm-(\d+)\.0", out.read_text())
         assert job is not None, out.read_text()
-        cluster.run("scancel", job.group(1))
+        cluster.run("scancel", *how, job.group(1))
         proc.wait(60)
     finally:
         if proc.poll() is None:
             proc.kill()
     text = out.read_text()
-    assert "stopped by the scheduler (SIGTERM)" in text, text
-    assert sorted(re.findall(r"task (\d): Exited with exit code (\d+)", text)) == [
-        ("0", "143"), ("1", "143")], text
+    assert f"stopped by the scheduler ({sig})" in text, text
+    codes = sorted(re.findall(r"task (\d): Exited with exit code (\d+)", text))
+    # An agent that sees the job closed by the other before its own signal exits 143.
+    assert [t for t, _ in codes] == ["0", "1"] and code in {c for _, c in codes}, text
+    assert {c for _, c in codes} <= {code, "143"}, text
 
 
 def test_scancel_stops_the_job_cleanly_as_the_schedulers(cluster: SlurmCluster, redis_url: str,
