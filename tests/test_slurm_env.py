@@ -7,11 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
+from elastic_agent.coordination.connection import make_client
 from elastic_agent.coordination.ports import free_port
+from elastic_agent.coordination.protocol import console_client_name
 from elastic_agent.supervision import slurm_redis
 from elastic_agent.supervision.config import UsageError, parse_args
 from elastic_agent.supervision.slurm import (
@@ -153,3 +156,24 @@ def test_a_node_waiting_for_the_first_nodes_redis_gives_up_in_one_line() -> None
     assert time.monotonic() - started < 5
     message = str(err.value)
     assert "\n" not in message and "n1" in message and "--redis" in message
+
+
+def test_the_hosting_agent_waits_for_the_other_agents_not_for_consoles(private_redis) -> None:
+    """The first node's Redis stays up while another agent still holds a connection (it
+    writes its last records after the host's agent is done), not for a console."""
+    agent = make_client(private_redis.url)
+    agent.ping()
+    console = make_client(private_redis.url)
+    console.client_setname(console_client_name("j"))
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (slurm_redis.wait_for_peers_to_leave(
+        private_redis, "j", timeout=20), done.set()))
+    waiter.start()
+    try:
+        assert not done.wait(0.5)  # a stretch in which it must not return
+        agent.close()
+        assert done.wait(10), "the wait did not end once the other agent left"
+    finally:
+        agent.close()
+        waiter.join(25)
+        console.close()

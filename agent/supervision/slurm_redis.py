@@ -31,6 +31,7 @@ FIND_TIMEOUT_S = 60.0
 #: Seconds the hosting agent keeps its Redis up after its job ended, while the other agents
 #: still hold connections (they publish their last records after the exit barrier).
 PEERS_LEAVE_TIMEOUT_S = 15.0
+_LIST_BELOW = 64
 _SCHEDULER_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
                       signal.SIGUSR2}
 
@@ -107,9 +108,12 @@ def wait_for_peers_to_leave(server: RedisServer, job_id: str,
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
-            others = [c for c in client.client_list() if c.get("name") != console]
-            if len(others) <= 1:  # this client alone
-                return
+            # INFO's count costs O(1) however many agents are still connected; the list
+            # (O(connections)) only once few are left, to leave consoles out.
+            connected = int(client.info("clients").get("connected_clients", 0))
+            if connected <= 1 or (connected <= _LIST_BELOW and sum(
+                    1 for c in client.client_list() if c.get("name") != console) <= 1):
+                return  # this client alone, or with consoles
             time.sleep(0.1)  # nothing notifies a disconnect
     except (redis.RedisError, OSError):
         pass
