@@ -20,6 +20,7 @@ from elastic_agent.supervision.restart_patterns import (
     progressed,
     settings_from,
 )
+from elastic_console.state import JobView
 from tests.agents import SCRIPTS, Agent
 from tests.test_agent import FAST, agent_args, of_type
 
@@ -197,3 +198,49 @@ def test_exclude_suspect_nodes_reforms_the_job_without_it(redis_url, r, job_id, 
     assert rounds[-1].data["world_size"] == 2
     assert crashing not in {n["node"] for n in rounds[-1].data["nodes"]}
     assert len(of_type(r, job_id, EventType.JOB_SUCCEEDED)) == 1
+
+
+# -- the console ---------------------------------------------------------------------------
+
+def test_the_view_keeps_the_patterns_of_the_latest_round_end_only():
+    from tests.test_console_state import ev, two_nodes_running
+
+    v = JobView("j")
+    two_nodes_running(v)
+    v.apply_event(ev(EventType.GROUP_FAILED, "a-1-x", round=0, root_cause={"rank": 0}))
+    v.apply_event(ev(EventType.RESTART_STORM, "a-1-x", restarts=5, minutes=30, limit=5,
+                     rounds=[0], round=0, policy="observe"))
+    v.apply_event(ev(EventType.SUSPECT_NODE, "a-1-x", suspect_node="b-2-y\x1b[2J", host="b",
+                     rounds=[0, 1, 2], excluded=True, why="x", round=0))
+    v.apply_event(ev(EventType.NO_PROGRESS, "a-1-x", rounds=[2, 1, 0], round=0))
+    v.apply_event(ev(EventType.SUSPECT_NODE, "a-1-x", suspect_node=7))  # malformed: ignored
+    assert list(v.patterns.values()) == [
+        "restart storm: 5 restarts within 30.0 min",
+        "suspect node b (b-2-y\\x1b[2J): in every failure of the last 3 rounds; left out of "
+        "the job",
+        "no progress: the last 3 rounds ended before any"]
+    assert [e.kind for e in v.timeline][-3:] == ["pattern"] * 3
+    v.apply_event(ev(EventType.NODE_EXCLUDED, "b-2-y", host="b", reason="suspect"))
+    assert v.nodes["b-2-y"].status == "left"
+    # the next round end: its claimer names what still holds; nothing here
+    v.apply_event(ev(EventType.GROUP_FAILED, "a-1-x", round=1, root_cause={"rank": 1}))
+    assert v.patterns == {}
+
+
+def test_a_storm_shows_a_banner_in_the_console(redis_url, r, job_id, tmp_path):
+    from tests.test_console_app import App, console, loaded, run, screen_text
+
+    args = agent_args(redis_url, job_id, "--nproc-per-node", "1", "--max-restarts", "2",
+                      "--restart-storm", "2/5", "--suspect-rounds", "0", FAST,
+                      str(SCRIPTS / "crash_loop.py"), "--crash", "--after", "0.1")
+    agent = Agent(args, tmp_path, "a")
+    assert agent.wait(120) == DO_NOT_REQUEUE, agent.output[-3000:]
+    app: App = console(redis_url, job_id)
+
+    async def body(pilot, app: App) -> None:
+        await loaded(app, ranks=1)
+        await pilot.pause()
+        assert app.banner.display
+        assert "restart storm: 3 restarts within 5.0 min" in screen_text(app)
+
+    run(app, body)
