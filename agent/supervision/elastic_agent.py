@@ -695,7 +695,7 @@ class ElasticAgent:
             if claimed:
                 found = await self._round_ended("stalled", [])
             if self._storm_stops(found):
-                cause = self._storm_cause(found, cause)
+                cause = self.root_cause = self._storm_cause(found, cause)
             elif claimed and used <= self.cfg.max_restarts:
                 self.events.emit(EventType.RESTARTING, reason="stalled", detail=cause["message"],
                                  restarts_used=used, max_restarts=self.cfg.max_restarts)
