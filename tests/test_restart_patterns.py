@@ -244,3 +244,29 @@ def test_a_storm_shows_a_banner_in_the_console(redis_url, r, job_id, tmp_path):
         assert "restart storm: 3 restarts within 5.0 min" in screen_text(app)
 
     run(app, body)
+
+
+def test_a_lost_node_is_in_its_round_end(redis_url, r, job_id, tmp_path):
+    """A node whose heartbeats stop is in that round's failure: with --suspect-rounds 1 it is
+    named at once (and the re-form spends no restart, as before)."""
+    import os
+    import signal
+
+    from tests.agents import wait_until
+
+    args = agent_args(redis_url, job_id, "--nnodes", "2:3", "--nproc-per-node", "1",
+                      "--max-restarts", "0", "--suspect-rounds", "1", FAST,
+                      str(SCRIPTS / "crash_loop.py"), "--done-at-world", "2")
+    agents = [Agent(args, tmp_path, f"a{i}") for i in range(3)]
+    wait_until(lambda: len(of_type(r, job_id, EventType.WORKERS_STARTED)) == 3, 60,
+               "three nodes' workers")
+    victim = agents[2]
+    victim_node = next(e.node for e in of_type(r, job_id, EventType.NODE_JOINED)
+                       if e.data["pid"] == victim.pid)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait(10)
+    codes = [a.wait(90) for a in agents[:2]]
+    assert codes == [0, 0], "\n".join(a.output[-3000:] for a in agents[:2])
+    suspects = of_type(r, job_id, EventType.SUSPECT_NODE)
+    assert [(e.data["suspect_node"], e.data["rounds"]) for e in suspects] == [(victim_node, [0])]
+    assert r.get(JobKeys(job_id).restarts) in (None, b"0")
