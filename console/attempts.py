@@ -6,8 +6,10 @@ carries it (``LogBatch.attempt``). A node writes its batches in order and its at
 grow, so each node's stream is read backwards, a page at a time, from its newest entry: the
 batches of attempt N are kept, newer ones skipped, and the first batch of an older attempt
 ends that stream's read. Bounded: at most ``MAX_SCANNED`` entries a stream (a stream holds
-``--log-retention`` entries at most anyway) and ``max_lines`` kept lines a stream, the newest.
-Nothing of this runs while following: it is one read on demand.
+``--log-retention`` entries at most anyway); each stream keeps its newest lines, its share of
+``max_lines`` (at least ``MIN_SHARE``), and the merge keeps the newest ``max_lines``. Nothing
+of this runs while following: it is one read on demand, O(the attempt's lines and those
+after it) per stream.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from elastic_agent.coordination.protocol import LogBatch, stream_id_ms
 PAGE = 500
 #: At most this many entries are read from one stream for one attempt.
 MAX_SCANNED = 1_000_000
+#: Lines a stream may keep however many streams share ``max_lines``.
+MIN_SHARE = 200
 
 
 @dataclass(frozen=True)
@@ -46,13 +50,18 @@ async def read_attempt(client: Any, streams: list[str], attempt: int, rank: int 
     docstring); ``decode`` turns a page of ``(id, fields)`` entries into batches."""
     per_stream: list[list[LogBatch]] = []
     partial = False
+    share = max(min(max_lines, MIN_SHARE), max_lines // max(1, len(streams)))
     for stream in streams:
-        kept, reached = await _read_stream(client, stream, attempt, rank, max_lines, decode)
+        kept, reached = await _read_stream(client, stream, attempt, rank, share, decode)
         partial = partial or not reached
         if kept:
             per_stream.append(kept)
     merged = list(heapq.merge(*per_stream, key=lambda b: _order(b.id)))
-    return AttemptLogs(attempt, merged, partial)
+    lines, first = 0, len(merged)
+    while first > 0 and lines < max_lines:  # the newest max_lines of them all
+        first -= 1
+        lines += len(merged[first].lines)
+    return AttemptLogs(attempt, merged[first:], partial or first > 0)
 
 
 async def _read_stream(client: Any, stream: str, attempt: int, rank: int | None,

@@ -21,6 +21,50 @@ from tests.test_console_cli import one_error_line
 from tests.waiting import wait_until, wait_until_async
 
 
+def test_read_attempt_keeps_that_attempt_bounded_and_skips_bad_entries(redis_url, r, job_id):
+    """Two nodes' streams with attempts 0, 1, 2: attempt 1 only, the rank filter, the newest
+    lines when the bound cuts, and an entry that does not decode skipped."""
+    import asyncio
+
+    from elastic_agent.coordination.connection import make_async_client
+    from elastic_agent.coordination.protocol import (
+        LogBatch,
+        decode_log_entries,
+        encode_node_log_entry,
+    )
+    from elastic_console.attempts import read_attempt
+
+    streams = [f"elastic:log:{{{job_id}/0}}:n{i}" for i in range(2)]
+    for i, stream in enumerate(streams):
+        for attempt in range(3):
+            for k in range(3):
+                lines = [f"n{i} a{attempt} line {k}.{j}" for j in range(2)]
+                r.xadd(stream, encode_node_log_entry(f"n{i}", [LogBatch(
+                    f"n{i}", i, 0, attempt, "out", k + 1, lines)]))
+            if attempt == 1:
+                r.xadd(stream, {"v": "1", "node": "x", "parts": "[[[[", "lines": "junk"})
+
+    def decode(entries):
+        return [b for eid, f in entries for b in decode_log_entries(eid, f) or ()]
+
+    async def read(rank, max_lines):
+        client = make_async_client(redis_url)
+        try:
+            return await read_attempt(client, streams, 1, rank, max_lines, decode)
+        finally:
+            await client.aclose()
+
+    every = asyncio.run(read(None, 1000))
+    lines = [line for b in every.batches for line in b.lines]
+    assert len(lines) == 12 and all(" a1 " in line for line in lines) and not every.partial
+    assert lines[:2] == ["n0 a1 line 0.0", "n0 a1 line 0.1"]  # oldest first, by server time
+    one = asyncio.run(read(1, 1000))
+    assert {b.rank for b in one.batches} == {1} and one.lines == 6
+    cut = asyncio.run(read(0, 3))  # the newest 3 lines of the attempt (whole batches)
+    assert cut.partial and [line for b in cut.batches for line in b.lines][-1] == "n0 a1 line 2.1"
+    assert cut.lines <= 4
+
+
 @pytest.fixture(scope="module")
 def crashed_once(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A job whose rank 0 failed in attempt 0; attempt 1 runs on (2 ranks, one node)."""
@@ -34,8 +78,9 @@ def crashed_once(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> It
         wait_until(lambda: any(e.data.get("round") == 1 for e in
                                events_of(r, job_id, EventType.WORKERS_STARTED)), 60,
                    "attempt 1's workers")
-        wait_until(lambda: "restart=1" in cli("logs", job_id, redis_url=redis_url).stdout, 30,
-                   "attempt 1's lines")
+        wait_until(lambda: all(f"worker rank={k} world=2 restart=1" in cli(
+            "logs", job_id, "--tail", "100000", redis_url=redis_url).stdout for k in (0, 1)),
+            30, "both ranks' first lines of attempt 1")
         yield job_id
     finally:
         r.close()
