@@ -229,6 +229,7 @@ class ElasticAgent:
         self.patterns = PatternWatch(self._client, config.job_id, self.node_id,
                                      config.patterns, self.events.emit, self.say)
         self._lost_nodes: list[str] = []
+        self._pattern_tasks: set[asyncio.Task[Patterns]] = set()
         self._round: _Round | None = None
         self._attempt = -1
         self._signal: asyncio.Future[int] | None = None
@@ -321,16 +322,25 @@ class ElasticAgent:
         self.events.emit(EventType.NODE_EXCLUDED, host=self.host, reason=why)
         return DO_NOT_REQUEUE
 
-    async def _round_ended(self, reason: str, nodes: list[str | None]) -> Patterns:
+    async def _round_ended(self, reason: str, nodes: list[str | None],
+                           final: bool = False) -> Patterns:
         """This agent claimed the restart of the round that just ended: record it and report
-        the restart patterns (pattern_watch.py)."""
+        the restart patterns (pattern_watch.py). Off the restart's path (in the background,
+        found patterns reported but not returned) unless the job ends here or a pattern can
+        change what happens next (--on-restart-storm stop, --exclude-suspect-nodes)."""
         assert self._round is not None
-        r = self._round
+        r, p = self._round, self.cfg.patterns
         # Two samples of the stall meter: a worker's start-up is not progress yet.
         grace = int(2 * self.stall.interval * 1000) if self.stall is not None else None
-        return await self.patterns.record(
+        record = self.patterns.record(
             r.result.round, reason, nodes, started_ms=r.started_ms, progress_grace_ms=grace,
             group_world_size=r.result.group_world_size, min_nodes=self.cfg.rendezvous.min_nodes)
+        if final or p.on_storm == "stop" or p.exclude_suspects:
+            return await record
+        task = asyncio.create_task(record, name="restart-patterns")
+        self._pattern_tasks.add(task)  # a reference until it is done (asyncio keeps none)
+        task.add_done_callback(self._pattern_tasks.discard)
+        return Patterns()
 
     def _storm_stops(self, found: Patterns) -> bool:
         return found.storm is not None and self.cfg.patterns.on_storm == "stop"
@@ -693,7 +703,7 @@ class ElasticAgent:
         if self.cfg.on_stall == "restart":
             claimed, used = await self._claim_restart(self._round.result.round)
             if claimed:
-                found = await self._round_ended("stalled", [])
+                found = await self._round_ended("stalled", [], final=used > self.cfg.max_restarts)
             if self._storm_stops(found):
                 cause = self.root_cause = self._storm_cause(found, cause)
             elif claimed and used <= self.cfg.max_restarts:
@@ -724,7 +734,8 @@ class ElasticAgent:
             self.events.emit(EventType.GROUP_FAILED, root_cause=cause, round=rnd,
                              failures=[_failure_dict(e, self.node_id, self.host)
                                        for e in res.failures], **extra)
-            found = await self._round_ended("failure", [cause.get("node") if cause else None])
+            found = await self._round_ended("failure", [cause.get("node") if cause else None],
+                                            final=used > self.cfg.max_restarts)
         if used > self.cfg.max_restarts or self._storm_stops(found):
             if self._storm_stops(found):
                 cause = self.root_cause = self._storm_cause(found, cause)
