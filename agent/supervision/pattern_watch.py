@@ -5,11 +5,12 @@ Who decides: the one agent that claimed a round's restart (``restart_claim:<roun
 ``reform_claim:<round>`` in the job's meta, HSETNX) records the round's end and analyses the
 history, so each pattern event is written once per restart by exactly one agent.
 
-Cost: that agent makes 2 round trips per restart (TIME and the progress mark; then LPUSH,
-LTRIM and LRANGE of at most ``HISTORY_CAP`` entries in one MULTI) plus one HSET or HDEL, and
-an SADD per excluded node: O(1) in the job's size. Every other agent makes one SISMEMBER per
-round (am I excluded?) and one HGET when the job failed (the exit status): O(1) per node per
-restart, nothing per interval. The history key holds at most ``HISTORY_CAP`` entries of
+Cost: that agent makes 3 round trips per restart (TIME and the progress mark; then LPUSH,
+LTRIM and LRANGE of at most ``HISTORY_CAP`` entries in one MULTI; then one HSET or HDEL), and
+an SADD per excluded node: O(1) in the job's size, in the background of the restart unless
+its answer decides what comes next (elastic_agent._round_ended). Every other agent makes one
+SISMEMBER per round (am I excluded?) and one HEXISTS when the job failed (the exit status):
+O(1) per node per restart, nothing per interval. The history key holds at most ``HISTORY_CAP`` entries of
 under 1 KiB each.
 """
 
