@@ -430,6 +430,7 @@ async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
             "ranks": [_rank_json(r) for r in ranks],
             "root_cause": view.root_cause,
             "expires_in_s": expires,
+            "patterns": list(view.patterns.values()),  # the restart patterns (issue 22)
         }, default=str))
         return EXIT_OK
     rnd = f" (round {view.round})" if view.round is not None else ""
@@ -456,6 +457,8 @@ async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
         _out(f"root cause: rank {_q(c.get('rank'))} on {c.get('host', '?')}: "
              f"{c.get('message') or c.get('exit_code')}")
         _write("    " + line for line in str(c.get("traceback") or "").split("\n") if line)
+    for pattern in view.patterns.values():
+        _out(f"pattern   {pattern}")
     if view.skipped:
         _out(f"skipped   {view.skipped} record{'' if view.skipped == 1 else 's'} that could not "
              "be read (malformed, foreign or of an unknown version)")

@@ -5,6 +5,7 @@ then real agents, real workers, a real redis-server."""
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
@@ -23,6 +24,7 @@ from elastic_agent.supervision.restart_patterns import (
 from elastic_console.state import JobView
 from tests.agents import SCRIPTS, Agent
 from tests.test_agent import FAST, agent_args, of_type
+from tests.test_console_cli import console as cli
 
 MIN = 60_000
 
@@ -244,6 +246,14 @@ def test_a_storm_shows_a_banner_in_the_console(redis_url, r, job_id, tmp_path):
         assert "restart storm: 3 restarts within 5.0 min" in screen_text(app)
 
     run(app, body)
+    status = cli("status", job_id, "--json", redis_url=redis_url)
+    # crashing 0.1 s into each round, before any progress (default --stall-timeout 300):
+    # the three rounds also ended without progress
+    assert json.loads(status.stdout)["patterns"] == [
+        "restart storm: 3 restarts within 5.0 min",
+        "no progress: the last 3 rounds ended before any"]
+    human = cli("status", job_id, redis_url=redis_url).stdout
+    assert "pattern   restart storm: 3 restarts within 5.0 min" in human
 
 
 def test_a_lost_node_is_in_its_round_end(redis_url, r, job_id, tmp_path):
