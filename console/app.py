@@ -97,6 +97,7 @@ from .save import save_log_view
 from .state import (
     DEFAULT_ALL_SCROLLBACK,
     DEFAULT_SCROLLBACK,
+    FAILED,
     FINAL_STATES,
     RANK_LINES_TOTAL,
     RUNNING,
@@ -104,6 +105,7 @@ from .state import (
     SUCCEEDED,
     JobView,
 )
+from .widgets.attempt_logs import AttemptLogsScreen
 from .widgets.dialogs import CommandDialog, DetailScreen
 from .widgets.footer import KeyFooter
 from .widgets.goto import GotoScreen
@@ -168,6 +170,8 @@ KEY_HELP: tuple[tuple[str, str, str, str | None], ...] = (
     ("Logs", "e", "stderr only", None),
     ("Logs", "w", "wrap long lines", None),
     ("Logs", "t", "timestamps", None),
+    ("Logs", "p", "the previous attempt's logs (the round before a restart) of the selected "
+     "rank, or of every rank; there p goes further back, n forward", None),
     ("Logs", "ctrl+s", "save the log view as shown (ranks, filter, stderr) to a new file "
      "here", None),
     ("Logs", "f  end", "follow new lines (scrolling up pauses)", None),
@@ -181,7 +185,8 @@ KEY_HELP: tuple[tuple[str, str, str, str | None], ...] = (
      "of it); a digit typed in the table starts the number", None),
     ("Ranks", "", "QUIET: time since the rank's last log line; EXIT: code or signal", None),
     ("Timeline", "↑↓ j k", "move in the timeline", None),
-    ("Timeline", "enter", "the entry in full (a failure's traceback; a stall's stacks)", None),
+    ("Timeline", "enter", "the entry in full (a failure's traceback; a stall's stacks; a "
+     "restart: the logs of the attempt it ended)", None),
     ("Anywhere", "tab  shift+tab", "move between ranks, timeline and logs", None),
     ("Anywhere", "esc", "back: close a dialog, the filter, this help; else the list of jobs",
      None),
@@ -230,6 +235,7 @@ class ConsoleApp(App[int]):
         Binding("n", "by_node", "By node", show=False, id="console.by_node"),
         Binding("colon", "goto", "Go to", show=False, id="console.goto"),
         Binding("d", "stacks", "Stacks", show=False, id="console.stacks"),
+        Binding("p", "previous_attempt", "Previous", show=False, id="console.previous_attempt"),
         Binding("ctrl+s", "save_log", "Save", show=False, id="console.save"),
         Binding("escape", "back", "Back", show=False, id="console.back"),
     ]
@@ -747,6 +753,9 @@ class ConsoleApp(App[int]):
             return f"Redis unreachable — reconnecting… ({why})"
         if not self.loaded and self.connect_error:
             return f"Redis unreachable — retrying… ({self.connect_error})"
+        view = self.view
+        if view.patterns and (not view.is_final or view.state == FAILED):
+            return " · ".join(view.patterns.values())  # restart patterns (issue 22)
         return None
 
     def _update_log_title(self) -> None:
@@ -1081,6 +1090,24 @@ class ConsoleApp(App[int]):
         ep = self.client.endpoint if self.client is not None else None
         self.push_screen(StacksScreen(ep, self.job_id, request_id=request_id, rank=rank))
 
+    def action_previous_attempt(self) -> None:
+        """``p``: the logs of the attempt before the current one (k9s's previous logs)."""
+        if self.screen is not self.main_screen:
+            return
+        current = self.view.round
+        if current is None or current < 1:
+            self.notify("no earlier attempt: the job is in its first round", severity="warning",
+                        markup=False)
+            return
+        self.open_attempt(current - 1)
+
+    def open_attempt(self, attempt: int) -> None:
+        """The logs of ``attempt`` (a round), of the selected rank unless all ranks are shown."""
+        ep = self.client.endpoint if self.client is not None else None
+        rank = None if self.all_ranks else self.selected_rank
+        self.push_screen(AttemptLogsScreen(ep, self.job_id, attempt, rank=rank,
+                                           newest=self.view.round))
+
     def action_help(self) -> None:
         self.push_screen(HelpScreen(self.key_help()))
 
@@ -1097,6 +1124,9 @@ class ConsoleApp(App[int]):
             entry = entries[event.option_index]
             if entry.kind == "stalled" and entry.ref and self.client is not None:
                 self.open_stacks(request_id=entry.ref)  # the stacks the stall captured
+                return
+            if entry.kind == "restart" and entry.ref.isdigit():
+                self.open_attempt(int(entry.ref))  # the logs of the attempt it ended
                 return
             self.push_screen(DetailScreen(entry, utc=self.utc))
 
@@ -1117,6 +1147,8 @@ class ConsoleApp(App[int]):
             ("Logs: wrap long lines", "w", self.action_toggle_wrap),
             ("Logs: timestamps", "t", self.action_toggle_timestamps),
             ("Logs: follow", "f / end", self.action_follow),
+            ("Logs of the previous attempt", "p: the round before the last restart",
+             self.action_previous_attempt),
             ("Sort the ranks by the next column", "o", self.action_sort),
             ("Ranks: by node / by rank", "n: one row per node, worst first",
              self.action_by_node),

@@ -158,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--grep", metavar="RE", default=None,
                     help="only lines matching this regular expression (colours ignored)")
     lg.add_argument("--stderr", action="store_true", help="only the workers' stderr")
+    lg.add_argument("--attempt", type=_nonneg_int, default=None, metavar="N",
+                    help="the lines of attempt N only (the rendezvous round N: an earlier "
+                    "run of the workers, before a restart; as k9s's previous logs)")
     lg.add_argument("--dedupe", action="store_true",
                     help="a line many ranks printed (within 10 s), once: '×N ranks [0-511] "
                     f"text'; with --follow printed {DEDUPE_HOLD_S:g} s after its first copy")
@@ -427,6 +430,7 @@ async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
             "ranks": [_rank_json(r) for r in ranks],
             "root_cause": view.root_cause,
             "expires_in_s": expires,
+            "patterns": list(view.patterns.values()),  # the restart patterns (issue 22)
         }, default=str))
         return EXIT_OK
     rnd = f" (round {view.round})" if view.round is not None else ""
@@ -453,6 +457,8 @@ async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
         _out(f"root cause: rank {_q(c.get('rank'))} on {c.get('host', '?')}: "
              f"{c.get('message') or c.get('exit_code')}")
         _write("    " + line for line in str(c.get("traceback") or "").split("\n") if line)
+    for pattern in view.patterns.values():
+        _out(f"pattern   {pattern}")
     if view.skipped:
         _out(f"skipped   {view.skipped} record{'' if view.skipped == 1 else 's'} that could not "
              "be read (malformed, foreign or of an unknown version)")
@@ -669,6 +675,8 @@ def _fit(text: str, width: int) -> str:
 
 async def _logs(ep: Endpoint, args: argparse.Namespace) -> int:
     job = _job(args)
+    if args.attempt is not None:
+        return await _attempt_logs(ep, job, args)
     printer = _LogPrinter(args, tty=sys.stdout.isatty())
     client = await _open(ep, job)
     try:
@@ -688,6 +696,27 @@ async def _logs(ep: Endpoint, args: argparse.Namespace) -> int:
     finally:
         printer.close()
         await client.close()
+    return EXIT_OK
+
+
+async def _attempt_logs(ep: Endpoint, job: str, args: argparse.Namespace) -> int:
+    """``logs --attempt N``: that attempt's last ``--tail`` lines (console/attempts.py)."""
+    if args.follow:
+        raise CliError("--attempt shows an attempt that is over; it cannot be followed "
+                       "(drop -f, or drop --attempt to follow the current one)", EXIT_USAGE)
+    printer = _LogPrinter(args)
+    client = await _open(ep, job)
+    try:
+        found = await client.attempt_logs(args.attempt, args.rank,
+                                          max_lines=max(10_000, args.tail))
+    finally:
+        await client.close()
+    if not found.batches:
+        sys.stderr.write(f"no lines of attempt {args.attempt} of job {job} are kept"
+                         f"{'' if args.rank is None else f' for rank {args.rank}'}\n")
+        return EXIT_OK
+    _write(printer.history(found.batches, args.tail, follow=False))
+    printer.close()
     return EXIT_OK
 
 

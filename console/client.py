@@ -80,6 +80,7 @@ from elastic_agent.coordination.protocol import (
 )
 from elastic_agent.coordination.text import sanitize
 
+from .attempts import AttemptLogs, read_attempt
 from .state import FINAL_STATES, ConnectionChange, JobView, Skipped
 
 log = logging.getLogger(__name__)
@@ -582,6 +583,15 @@ class JobClient:
             left -= len(page)
             high = "(" + _s(page[-1][0])  # exclusive: the page after the oldest one read
         return out[::-1], newest
+
+    async def attempt_logs(self, attempt: int, rank: int | None = None,
+                           max_lines: int = 100_000) -> AttemptLogs:
+        """The log batches of one earlier attempt (a round), of ``rank`` only if given: see
+        attempts.py. One read on demand, not a follow."""
+        with self._errors():
+            names = self._log_stream_names(await self._client.smembers(self.keys.log_streams))
+            return await read_attempt(self._client, names, attempt, rank, max_lines,
+                                      self._decode_logs)
 
     def _decode_logs(self, entries: Any) -> list[LogBatch]:
         out: list[LogBatch] = []

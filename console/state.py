@@ -314,6 +314,11 @@ class JobView:
         self.expires_in_ms: int | None = None
         self.last_event_ms: int = 0
         self._stalled_ms = 0  # server ms of the newest ``stalled`` event
+        #: The restart patterns the job's latest round end showed (issue 22): pattern kind
+        #: (restart_storm, suspect_node, no_progress) -> one sentence, for the banner. A new
+        #: round end (group_failed, stalled, node_lost) clears them; its claimer then writes
+        #: the ones that still hold.
+        self.patterns: dict[str, str] = {}
         # -- ranks, timeline, logs
         self.ranks: dict[int, RankState] = {}
         self.timeline: deque[TimelineEntry] = deque(maxlen=timeline_limit)
@@ -693,6 +698,41 @@ class JobView:
                                            _detail(detail), sanitize(ref[:MAX_NAME_CHARS])))
         self.timeline_total += 1
 
+    def _pattern(self, ev: Event, kind: str, text: str) -> None:
+        self.patterns[kind] = sanitize(_clip(text, MAX_NOTE_CHARS))
+        self._note(ev, "pattern", text)
+
+    def _on_restart_storm(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        text = (f"restart storm: {_q(_int(d.get('restarts'), None))} restarts within "
+                f"{_q(_float(d.get('minutes'), None))} min")
+        if d.get("policy") == "stop":
+            text += " (--on-restart-storm stop: the job fails)"
+        self._pattern(ev, EventType.RESTART_STORM, text)
+
+    def _on_suspect_node(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        suspect = d.get("suspect_node")
+        if not isinstance(suspect, str) or not suspect:
+            self.ignored += 1
+            return
+        suspect = sanitize(suspect[:MAX_NAME_CHARS])
+        rounds = [r for r in record_list(d.get("rounds"), 64) if type(r) is int]
+        text = (f"suspect node {_host(d.get('host'), suspect)} ({suspect}): in every failure "
+                f"of the last {len(rounds)} rounds")
+        if d.get("excluded") is True:
+            text += "; left out of the job"
+        self._pattern(ev, EventType.SUSPECT_NODE, text)
+
+    def _on_no_progress(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        rounds = [r for r in record_list(d.get("rounds"), 64) if type(r) is int]
+        self._pattern(ev, EventType.NO_PROGRESS,
+                      f"no progress: the last {len(rounds)} rounds ended before any")
+
+    def _on_node_excluded(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        info = self._node(node, d.get("host"))
+        info.status = LEFT
+        self._note(ev, "pattern", f"node {info.host} left the job as a suspect ({node})",
+                   str(d.get("reason", "")))
+
     def _node(self, node_id: str, host: Any = None) -> NodeInfo:
         info = self.nodes.get(node_id)
         if info is None:
@@ -737,6 +777,7 @@ class JobView:
             self.ignored += 1
             return
         lost = sanitize(lost[:MAX_NAME_CHARS])
+        self.patterns.clear()  # a round end: its claimer says which patterns still hold
         info = self._node(lost, d.get("host"))
         info.status = LOST
         self._note(ev, "node", f"node {info.host} lost: its heartbeats stopped ({lost})")
@@ -852,6 +893,7 @@ class JobView:
         odd = set(rank_list(d.get("odd_ranks")))
         captured = {r for g in groups for r in rank_list(g.get("ranks"))}
         self._stalled_ms = max(self._stalled_ms, ev.server_ms)
+        self.patterns.clear()
         for rank in captured | odd:
             rs = self.ranks.get(rank)
             if rs is not None and rs.state in (RUNNING, STALLED, WAITS):
@@ -894,6 +936,7 @@ class JobView:
         cause = d.get("root_cause")
         if isinstance(cause, dict):
             self.root_cause = cause
+        self.patterns.clear()
         self._note(ev, "group_failed", "worker group failed: " + _cause_text(cause),
                    _cause_detail(cause))
 
@@ -910,7 +953,8 @@ class JobView:
             text += f", command {d['command_id']}"
         if d.get("detail"):
             text += f": {d['detail']}"
-        self._note(ev, "restart", text)
+        # The round that ended: enter on the entry shows that attempt's logs (issue 22).
+        self._note(ev, "restart", text, ref="" if self.round is None else str(self.round))
 
     def _on_job_end(self, ev: Event, node: str, d: dict[str, Any]) -> None:
         final = {EventType.JOB_SUCCEEDED: SUCCEEDED, EventType.JOB_FAILED: FAILED,
@@ -932,6 +976,7 @@ class JobView:
             self._note(ev, "job", f"job stopped by {d.get('issuer', '?')} "
                        f"(command {d.get('command_id', '?')})")
         else:
+            self.patterns.clear()
             self._note(ev, "job", f"job succeeded ({self.restarts_used} restarts used)")
 
     def _on_job_requeued(self, ev: Event, node: str, d: dict[str, Any]) -> None:
@@ -994,6 +1039,10 @@ class JobView:
         EventType.COMMAND_ACK: _on_command_ack,
         EventType.LOGS_DROPPED: _on_logs_dropped,
         EventType.REDIS_STOPPING: _on_redis_stopping,
+        EventType.RESTART_STORM: _on_restart_storm,
+        EventType.SUSPECT_NODE: _on_suspect_node,
+        EventType.NO_PROGRESS: _on_no_progress,
+        EventType.NODE_EXCLUDED: _on_node_excluded,
     }
 
 

@@ -174,6 +174,31 @@ def decode_counter(raw: str | bytes | None, key: str) -> int:
     return int(text)
 
 
+#: A round end record (JobKeys.restart_history) is at most this long; longer ones are skipped.
+MAX_ROUND_END_BYTES = 16 * 1024
+#: At most this many nodes are named in one round end.
+MAX_ROUND_END_NODES = 64
+
+
+def decode_round_end(raw: str | bytes) -> dict[str, Any] | None:
+    """One entry of ``JobKeys.restart_history``: ``{"round", "ms", "reason", "nodes",
+    "progressed"}`` with their types checked; ``None`` for anything malformed (skipped)."""
+    try:
+        d = decode_json(raw, "a round end record", MAX_ROUND_END_BYTES)
+    except ProtocolError:
+        return None
+    if not isinstance(d, dict):
+        return None
+    rnd, ms, reason, progressed = d.get("round"), d.get("ms"), d.get("reason"), d.get("progressed")
+    if (type(rnd) is not int or not 0 <= rnd < 1 << 40 or type(ms) is not int or ms < 0
+            or not isinstance(reason, str) or len(reason) > 32
+            or progressed not in (True, False, None)):
+        return None
+    nodes = [n for n in record_list(d.get("nodes"), MAX_ROUND_END_NODES)
+             if isinstance(n, str) and 0 < len(n) <= MAX_NAME_CHARS]
+    return {"round": rnd, "ms": ms, "reason": reason, "nodes": nodes, "progressed": progressed}
+
+
 def is_rank(value: Any) -> bool:
     """A rank as records carry it: a real int (``True`` is not rank 1), 0 <= rank < MAX_RANK."""
     return type(value) is int and 0 <= value < MAX_RANK
@@ -302,6 +327,20 @@ class JobKeys:
         """String ``"<round> <ms>"``: the newest progress of any member of that round (the
         stall check's one shared value, so no check reads every node's field)."""
         return self._k("progress:newest")
+
+    @property
+    def restart_history(self) -> str:
+        """List: the job's newest round ends that cost a restart (a failure, a stall, a lost
+        node), newest first, JSON each (``decode_round_end``); capped (LTRIM) at
+        ``supervision/restart_patterns.HISTORY_CAP``. Written once per restart by the agent
+        that claimed it, which reads it back whole in the same transaction."""
+        return self._k("restart_history")
+
+    @property
+    def excluded(self) -> str:
+        """Set: nodes that ``--exclude-suspect-nodes`` left out of the job's next rounds; an
+        agent asks SISMEMBER for itself before it joins a round (O(1))."""
+        return self._k("excluded")
 
     @property
     def progress(self) -> str:
@@ -453,6 +492,17 @@ class EventType:
     # (observe|restart|stop), round: no rank of the job made progress for --stall-timeout
     # (stall.py); written once per stall by the agent that claimed it (JobKeys.stall)
     STALLED = "stalled"
+    # Restart patterns (supervision/restart_patterns.py), each written once per restart by
+    # the agent that claimed it. restarts, minutes, limit, rounds[]: >= limit restarts within
+    # minutes (--restart-storm)
+    RESTART_STORM = "restart_storm"
+    # suspect_node, host, rounds[], excluded (bool), why: the node was in every failure of the
+    # last len(rounds) restarts (its worker was the root cause, or it was lost)
+    SUSPECT_NODE = "suspect_node"
+    # rounds[]: the last len(rounds) rounds ended without progress (stall.py's progress)
+    NO_PROGRESS = "no_progress"
+    # host, reason: this node leaves the job for good (--exclude-suspect-nodes)
+    NODE_EXCLUDED = "node_excluded"
     # scheduler ("slurm"), slurm_restart_count: the scheduler requeued the job, which runs
     # again under its id; a job_stopped (issuer "the scheduler") before it is not its end
     JOB_REQUEUED = "job_requeued"
@@ -462,7 +512,8 @@ class EventType:
             NODE_JOINED, NODE_LEFT, NODE_LOST, RENDEZVOUS_COMPLETE, WORKERS_STARTED,
             WORKER_EXITED, GROUP_FAILED, RESTARTING, WORKERS_STOPPED, JOB_SUCCEEDED,
             JOB_FAILED, JOB_STOPPED, COMMAND_ACK, LOGS_DROPPED, REDIS_STOPPING,
-            WORKER_TIMER_EXPIRED, STALLED, JOB_REQUEUED,
+            WORKER_TIMER_EXPIRED, STALLED, RESTART_STORM, SUSPECT_NODE, NO_PROGRESS,
+            NODE_EXCLUDED, JOB_REQUEUED,
         }
     )
 

@@ -27,7 +27,9 @@ from ..coordination.connection import (
 )
 from ..coordination.protocol import InvalidJobIdError, validate_job_id
 from ..coordination.rendezvous import RendezvousSettings
+from . import restart_patterns
 from .logs import parse_local_ranks_filter, parse_std_spec
+from .restart_patterns import PatternSettings
 from .retention import DEFAULT_RETENTION_S, parse_duration
 from .slurm import SlurmEnvError, SlurmStep, check_one_task_per_node, gpus_per_node, read_step
 from .stacks import DEFAULT_SIGNAL as DEFAULT_STACK_SIGNAL
@@ -93,6 +95,8 @@ class AgentConfig:
     stall_timeout: float = 300.0
     #: --on-stall: observe (report it), restart (the worker group, spending a restart) or stop.
     on_stall: str = "observe"
+    #: --restart-storm, --suspect-rounds, --no-progress-rounds, --exclude-suspect-nodes...
+    patterns: PatternSettings = field(default_factory=PatternSettings)
     #: The srun step this agent is a task of (slurm.py), None outside SLURM: its SIGTERM and
     #: SIGUSR1 are the scheduler's, and a requeued job reopens.
     slurm: SlurmStep | None = None
@@ -253,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
       choices=("observe", "restart", "stop"),
       help="what a stall does besides the event: observe (nothing, the default), restart "
       "(the worker group, counted against --max-restarts) or stop (the job fails)")
+    restart_patterns.add_arguments(a)
     a("training_script", nargs="?", help="the worker script (or module, or executable)")
     a("training_script_args", nargs=argparse.REMAINDER)
     return p
@@ -633,6 +638,10 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
         raise UsageError(f"--stall-timeout {ns.stall_timeout!r} is not a number of seconds")
     cfg = replace(cfg, stall_timeout=stall_timeout, on_stall=ns.on_stall, slurm=slurm,
                   slurm_redis=slurm is not None and not redis_given and not ns.standalone)
+    try:
+        cfg = replace(cfg, patterns=restart_patterns.settings_from(ns))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if cfg.virtual_local_rank:
         check_virtual_local_rank(cfg.nproc, env)
     # Made last, so a rejected command line leaves no directory behind.

@@ -15,7 +15,9 @@ One agent runs on each host of a job. The loop, per round:
 A failure anywhere restarts the whole job's worker group; restarts are counted once per
 round by one job-wide counter in Redis and limited by ``--max-restarts``. Membership changes
 and restart commands do not spend a restart. Exit status: 0 on success, 1 when the job
-failed, 128+N when signal N stopped the agent, 143 when a stop command ended the job.
+failed, 128+N when signal N stopped the agent, 143 when a stop command ended the job, 93
+(do not requeue) when the job failed with a restart pattern in its history or this node was
+left out of it as a suspect (restart_patterns.py).
 """
 
 from __future__ import annotations
@@ -71,8 +73,10 @@ from .health import HealthCheck
 from .job_records import JobRecords, ReseedSchedule
 from .logs import LogConfig, NodeLogs, make_logs_drop_marker, parse_std_spec
 from .loops import keep_running
+from .pattern_watch import PatternWatch
 from .publisher import StreamPublisher
 from .redis_bridge import SyncBridge
+from .restart_patterns import DO_NOT_REQUEUE, Patterns
 from .retention import JobRetention
 from .stacks import StackCollector
 from .stall import Stall, StallWatch
@@ -221,6 +225,11 @@ class ElasticAgent:
             self._client, self._mux.reader(), config.job_id, self.node_id, self.host,
             config.stall_timeout, config.on_stall, self.node_logs.last_output, self.events.emit,
         ) if config.stall_timeout > 0 else None
+        #: Issue 22: restart storms, suspect nodes, rounds without progress (pattern_watch.py).
+        self.patterns = PatternWatch(self._client, config.job_id, self.node_id,
+                                     config.patterns, self.events.emit, self.say)
+        self._lost_nodes: list[str] = []
+        self._pattern_tasks: set[asyncio.Task[Patterns]] = set()
         self._round: _Round | None = None
         self._attempt = -1
         self._signal: asyncio.Future[int] | None = None
@@ -289,6 +298,8 @@ class ElasticAgent:
         self.events.emit(EventType.NODE_JOINED, host=self.host, addr=self.rdzv.local_addr,
                          pid=os.getpid(), nproc=self.cfg.nproc)
         while True:
+            if await self.patterns.excluded():
+                return self._leave_excluded()
             result = await self._race(asyncio.to_thread(self._rendezvous), during_rendezvous=True)
             if isinstance(result, Outcome):
                 return await self._finish_without_workers(result)
@@ -301,6 +312,43 @@ class ElasticAgent:
             if code is not None:
                 return code
             self._mark("reported")
+
+    def _leave_excluded(self) -> int:
+        """--exclude-suspect-nodes named this node: it joins no further round (the others
+        re-form without it when the rendezvous sees it leave, in ``run``'s cleanup)."""
+        why = ("this node was in every failure of the job's last restarts (a suspect node) "
+               "and --exclude-suspect-nodes leaves it out")
+        self.say(f"leaving job {self.cfg.job_id}: {why}; exit status {DO_NOT_REQUEUE} "
+                 "(do not requeue)")
+        self.events.emit(EventType.NODE_EXCLUDED, host=self.host, reason=why)
+        return DO_NOT_REQUEUE
+
+    async def _round_ended(self, reason: str, nodes: list[str | None],
+                           final: bool = False) -> Patterns:
+        """This agent claimed the restart of the round that just ended: record it and report
+        the restart patterns (pattern_watch.py). Off the restart's path (in the background,
+        found patterns reported but not returned) unless the job ends here or a pattern can
+        change what happens next (--on-restart-storm stop, --exclude-suspect-nodes)."""
+        assert self._round is not None
+        r, p = self._round, self.cfg.patterns
+        # Two samples of the stall meter: a worker's start-up is not progress yet.
+        grace = int(2 * self.stall.interval * 1000) if self.stall is not None else None
+        record = self.patterns.record(
+            r.result.round, reason, nodes, started_ms=r.started_ms, progress_grace_ms=grace,
+            group_world_size=r.result.group_world_size, min_nodes=self.cfg.rendezvous.min_nodes)
+        if final or p.on_storm == "stop" or p.exclude_suspects:
+            return await record
+        task = asyncio.create_task(record, name="restart-patterns")
+        self._pattern_tasks.add(task)  # a reference until it is done (asyncio keeps none)
+        task.add_done_callback(self._pattern_tasks.discard)
+        return Patterns()
+
+    def _storm_stops(self, found: Patterns) -> bool:
+        return found.storm is not None and self.cfg.patterns.on_storm == "stop"
+
+    def _storm_cause(self, found: Patterns, cause: dict[str, Any] | None) -> dict[str, Any]:
+        message = f"{found.summary()} (--on-restart-storm stop)"
+        return {**(cause or {}), "reason": "restart_storm", "message": message}
 
     def _mark(self, phase: str, at: float | None = None) -> None:
         if self._restart_clock is not None:
@@ -568,6 +616,7 @@ class ElasticAgent:
                 if m.is_member:
                     self.fence.thaw()  # frozen workers go on if this node's beats get through
                 if self.rdzv.waiting_count(m, include_lost=not in_grace) > 0:
+                    self._lost_nodes = list(m.lost) if not in_grace else []
                     why = []
                     if m.lost and not in_grace:
                         why.append("lost: " + ", ".join(m.lost))
@@ -603,6 +652,8 @@ class ElasticAgent:
             self.say(f"re-forming the worker group: {detail}")
             if detail != _NEWER_ROUND and await self._claim(
                     f"reform_claim:{self._round.result.round}"):
+                if self._lost_nodes:  # a lost node is a round end; a late joiner is not
+                    await self._round_ended("lost", list(self._lost_nodes))
                 self.events.emit(EventType.RESTARTING, reason="membership", detail=detail,
                                  restarts_used=self._restarts_used,
                                  max_restarts=self.cfg.max_restarts)
@@ -659,19 +710,23 @@ class ElasticAgent:
         cause = {**stall.cause, "node": self.node_id}
         self.root_cause = cause
         self.say(f"{cause['message']} (--on-stall {self.cfg.on_stall})")
-        used = self._restarts_used
+        used, found = self._restarts_used, Patterns()
         if self.cfg.on_stall == "restart":
             claimed, used = await self._claim_restart(self._round.result.round)
-            if claimed and used <= self.cfg.max_restarts:
+            if claimed:
+                found = await self._round_ended("stalled", [], final=used > self.cfg.max_restarts)
+            if self._storm_stops(found):
+                cause = self.root_cause = self._storm_cause(found, cause)
+            elif claimed and used <= self.cfg.max_restarts:
                 self.events.emit(EventType.RESTARTING, reason="stalled", detail=cause["message"],
                                  restarts_used=used, max_restarts=self.cfg.max_restarts)
-        if self.cfg.on_stall == "stop" or used > self.cfg.max_restarts:
+        if self.cfg.on_stall == "stop" or used > self.cfg.max_restarts or self._storm_stops(found):
             # The job ends before its workers do: the other nodes' workers fail once these
             # are gone, and their agents must find the job over, not restart it.
             await self._close_job("failed", cause=cause)
             await self._stop_workers("stalled")
             self.print_summary(cause, failed=True)
-            return 1
+            return await self.patterns.failed_status()
         await self._stop_workers("stalled")
         self.say(f"restarting the stalled worker group ({used}/{self.cfg.max_restarts} "
                  "restarts used)")
@@ -684,15 +739,20 @@ class ElasticAgent:
         claimed, used = await self._claim_restart(rnd)
         cause = await self._root_cause(res)
         self.root_cause = cause
+        found = Patterns()
         if claimed:
             extra = {"stacks": self._evidence} if self._evidence else {}
             self.events.emit(EventType.GROUP_FAILED, root_cause=cause, round=rnd,
                              failures=[_failure_dict(e, self.node_id, self.host)
                                        for e in res.failures], **extra)
-        if used > self.cfg.max_restarts:
+            found = await self._round_ended("failure", [cause.get("node") if cause else None],
+                                            final=used > self.cfg.max_restarts)
+        if used > self.cfg.max_restarts or self._storm_stops(found):
+            if self._storm_stops(found):
+                cause = self.root_cause = self._storm_cause(found, cause)
             await self._close_job("failed", cause=cause)
             self.print_summary(cause, failed=True)
-            return 1
+            return await self.patterns.failed_status()
         if claimed:
             self.events.emit(EventType.RESTARTING, reason="failure", restarts_used=used,
                              max_restarts=self.cfg.max_restarts)
@@ -875,7 +935,7 @@ class ElasticAgent:
         self.say(f"job {self.cfg.job_id} {state} elsewhere; exiting")
         if state == "failed":
             self.print_summary(self.root_cause or await self._last_root_cause(), failed=True)
-            return 1
+            return await self.patterns.failed_status()
         if state == "stopped":
             return EXIT_STOPPED
         return 0 if state == "succeeded" else 1

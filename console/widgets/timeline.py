@@ -41,6 +41,7 @@ KIND_STYLES: dict[str, tuple[str, Style]] = {
     "logs": ("!", Style(color="yellow")),
     "stalled": ("‖", Style(color="magenta", bold=True)),
     "watchdog": ("◷", Style(color="yellow", bold=True)),  # worker_timer_expired
+    "pattern": ("⚠", Style(color="yellow", bold=True)),  # restart storm, suspect, no progress
 }
 _LABELS = {"group_failed": "root cause", "rendezvous": "round"}
 _TIME = Style(dim=True)
