@@ -174,7 +174,24 @@ class SlurmCluster:
             parts.append(f"--- {path.name}\n" + "\n".join(text))
         return "\n".join(parts)
 
+    def _cancel_all_jobs(self) -> None:
+        """A failed test may leave a job running: its slurmstepd (a daemon of its own) would
+        outlive slurmd. Cancel every job and wait for their steps to end (bounded)."""
+        if not self.procs or any(p.poll() is not None for p in self.procs):
+            return
+        try:
+            jobs = self.run("squeue", "-h", "-o", "%i", timeout=5, check=False).stdout.split()
+            if not jobs:
+                return
+            self.run("scancel", *jobs, timeout=5, check=False)
+            wait_until(lambda: not self.run("squeue", "-h", "-o", "%i", "-t", "R,CG",
+                                            timeout=5, check=False).stdout.split(),
+                       KILL_WAIT_S + 5, "the cancelled jobs' end")
+        except (subprocess.SubprocessError, AssertionError):
+            pass  # the daemons are stopped next whatever happened
+
     def stop(self) -> None:
+        self._cancel_all_jobs()
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
