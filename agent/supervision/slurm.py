@@ -82,7 +82,7 @@ def expand_hostlist(spec: str, limit: int = MAX_HOSTS) -> list[str]:
     hosts: list[str] = []
     for item in _split_top(spec):
         expanded = [""]
-        for prefix, ranges in _groups(item, spec):
+        for prefix, ranges in _groups(item):
             choices = [prefix] if ranges is None else [prefix + n for n in _ranges(ranges, spec)]
             if len(expanded) * len(choices) + len(hosts) > limit:
                 raise SlurmEnvError(f"host list {spec[:64]!r} names more than {limit} hosts")
@@ -117,7 +117,7 @@ def _split_top(spec: str) -> list[str]:
     return [i.strip() for i in items if i.strip()]
 
 
-def _groups(item: str, spec: str) -> list[tuple[str, str | None]]:
+def _groups(item: str) -> list[tuple[str, str | None]]:
     """``r[1-2]-n[01-02]`` -> [("r", "1-2"), ("-n", "01-02")] (a trailing text: (text, None))."""
     out: list[tuple[str, str | None]] = []
     pos = 0
