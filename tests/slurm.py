@@ -205,10 +205,21 @@ class SlurmCluster:
                 proc.wait()
         pid_file = self.dir / "munge" / "munged.pid"
         if pid_file.exists():
-            with contextlib.suppress(ValueError, ProcessLookupError):
-                os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+            with contextlib.suppress(ValueError, ProcessLookupError, AssertionError):
+                pid = int(pid_file.read_text().strip())
+                os.kill(pid, signal.SIGTERM)
+                # It writes its seed file as it exits: wait, or it lands in a removed dir.
+                wait_until(lambda: _gone(pid), 5, "munged's exit")
         self.procs = []
 
     def cleanup(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie its new parent (init) has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
