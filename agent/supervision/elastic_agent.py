@@ -34,9 +34,8 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import IO, Any, TypeVar
 
 import redis
@@ -61,13 +60,15 @@ from ..coordination.rendezvous import (
     RendezvousProgress,
     RendezvousResult,
 )
-from ..coordination.store import RedisStore, StoreTimeoutError, barrier
+from ..coordination.store import StoreTimeoutError, barrier
 from ..coordination.stream_mux import StreamMux
 from ..coordination.text import terminal_line
-from . import pages, scheduler
+from . import pages, run_summary, scheduler
 from .commands import CommandReader, Rejected, stacks_limit, stacks_refused
 from .config import AgentConfig
 from .events import EventSink, ResourceSampler, RestartClock
+from .exit_barrier import BarrierLeft, LeavableStore
+from .failures import FailedElsewhere, failure_dict, traceback_of, truncate_json
 from .fence import Fence
 from .health import HealthCheck
 from .job_records import JobRecords, ReseedSchedule
@@ -160,7 +161,7 @@ class ElasticAgent:
         self.cfg = config
         self.keys = JobKeys(config.job_id)
         self.term = terminal or sys.stderr
-        self._colour = _isatty(self.term)
+        self._colour = run_summary.isatty(self.term)
         self.host = socket.gethostname()
         # Issue 21: two connections per agent. The writer carries every command that does not
         # block, one at a time (the rendezvous's first); the multiplexer's one XREAD carries
@@ -520,7 +521,7 @@ class ElasticAgent:
         data["host"] = self.host
         data["error_file_path"] = e.error_file_path
         if data.get("error_file"):
-            data["error_file"] = _truncate_json(data["error_file"], 64 * 1024)
+            data["error_file"] = truncate_json(data["error_file"], 64 * 1024)
         self.events.emit(EventType.WORKER_EXITED, **data)
 
     # -- monitor --------------------------------------------------------------------------
@@ -743,7 +744,7 @@ class ElasticAgent:
         if claimed:
             extra = {"stacks": self._evidence} if self._evidence else {}
             self.events.emit(EventType.GROUP_FAILED, root_cause=cause, round=rnd,
-                             failures=[_failure_dict(e, self.node_id, self.host)
+                             failures=[failure_dict(e, self.node_id, self.host)
                                        for e in res.failures], **extra)
             found = await self._round_ended("failure", [cause.get("node") if cause else None],
                                             final=used > self.cfg.max_restarts)
@@ -764,7 +765,7 @@ class ElasticAgent:
         """The earliest failure across all nodes of this round, by Redis server time."""
         assert self._round is not None
         local = res.root_cause
-        fallback = _failure_dict(local, self.node_id, self.host) if local else {}
+        fallback = failure_dict(local, self.node_id, self.host) if local else {}
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.publisher.flush(), timeout=3.0)
         # A page at a time (pages.py), never the whole round at once: anyone who can write
@@ -787,7 +788,7 @@ class ElasticAgent:
                                            "message", "host", "timestamp")}
             cause["node"] = ev.node
             cause["server_ms"] = ev.server_ms
-            cause["traceback"] = _traceback(d.get("error_file"))
+            cause["traceback"] = traceback_of(d.get("error_file"))
             # the path only when the worker wrote the file (torch: "<N/A>" otherwise)
             cause["error_file_path"] = d.get("error_file_path", "") if d.get("error_file") else ""
             return cause
@@ -801,7 +802,7 @@ class ElasticAgent:
         await self.group.stop()
         if left is not None:
             outcome, detail = left
-            if isinstance(detail, _FailedElsewhere):
+            if isinstance(detail, FailedElsewhere):
                 # The failing node reports the failure and claims the restart; this node only
                 # joins the next round (or learns there that the job is over).
                 self.say(f"leaving the exit barrier: {detail}; rejoining the rendezvous")
@@ -829,7 +830,7 @@ class ElasticAgent:
         assert self._signal is not None
         leave = threading.Event()
         reader = self._mux.reader()
-        store = _LeavableStore.on(
+        store = LeavableStore.on(
             self._bridges[0], SyncBridge(reader, priority=True, loop=asyncio.get_running_loop()),
             self.cfg.job_id, f"r{r.round}", leave)
         passing = asyncio.ensure_future(asyncio.to_thread(
@@ -866,7 +867,7 @@ class ElasticAgent:
                 w.cancel()
             try:
                 await passing
-            except _BarrierLeft:
+            except BarrierLeft:
                 pass
             except StoreTimeoutError as exc:
                 self.say(f"exit barrier: {exc}; exiting anyway")
@@ -904,7 +905,7 @@ class ElasticAgent:
                             or not await self._member(ev.node, r.round)):
                         continue
                     if ev.type == EventType.GROUP_FAILED and ev.data.get("round") == r.round:
-                        return Outcome.REFORM, _FailedElsewhere(ev.node, ev.data.get("root_cause"))
+                        return Outcome.REFORM, FailedElsewhere(ev.node, ev.data.get("root_cause"))
                     if ev.type in (EventType.JOB_FAILED, EventType.JOB_STOPPED):
                         return Outcome.CLOSED, None
 
@@ -1109,143 +1110,9 @@ class ElasticAgent:
 
     # -- summary --------------------------------------------------------------------------
     def print_summary(self, cause: dict[str, Any] | None, failed: bool) -> None:
-        name = self.cfg.entrypoint[-1] if self.cfg.entrypoint else "job"
-        script = next((a for a in self.cfg.entrypoint if a.endswith(".py")), name)
-        bar = "=" * 64
-        if not failed:
-            lines = [bar, f"{script} succeeded: job {self.cfg.job_id}, "
-                     f"{self._restarts_shown()}/{self.cfg.max_restarts} restarts used"]
-            if cause:
-                lines.append(f"  recovered from: rank {cause.get('rank')} on {cause.get('host')}:"
-                             f" {cause.get('message')}")
-            self._print_lines([*lines, bar])
-            return
-        lines = [bar, f"{script} FAILED", "-" * 64,
-                 "Root Cause (first observed failure across all nodes):"]
-        if cause:
-            lines += [
-                f"  time      : {_cause_time(cause)}",
-                f"  host      : {cause.get('host')}",
-                f"  rank      : {cause.get('rank')} (local_rank: {cause.get('local_rank')})",
-                f"  exitcode  : {cause.get('exit_code')} (pid: {cause.get('pid')})",
-                f"  message   : {cause.get('message')}",
-            ]
-            lines.append(f"  error_file: {cause.get('error_file_path') or '<N/A>'}")
-            if cause.get("traceback"):
-                lines.append("  traceback :")
-                lines += ["    " + t for t in str(cause["traceback"]).split("\n")]
-        else:
-            lines.append("  <unknown>")
-        lines += [f"  restarts  : {self._restarts_shown()}/{self.cfg.max_restarts} used", bar]
-        self._print_lines(lines)
-
-    def _print_lines(self, lines: list[str]) -> None:
+        script = run_summary.script_name(self.cfg.entrypoint)
+        lines = run_summary.summary_lines(script, self.cfg.job_id, cause, failed,
+                                          self._restarts_shown(), self.cfg.max_restarts)
         # Each line on its own through the policy: a newline inside a quoted value is escaped.
         print("\n".join(terminal_line(line, self._colour) for line in lines), file=self.term,
               flush=True)
-
-
-def _cause_time(cause: dict[str, Any]) -> str:
-    """When the root cause happened, local time; '?' for a value no clock can show (the cause
-    may come from another node's record)."""
-    try:
-        ms = cause.get("server_ms") or int(float(cause.get("timestamp") or 0) * 1000)
-        return time.strftime("%Y-%m-%d_%H:%M:%S", time.localtime(int(ms) / 1000))
-    except (TypeError, ValueError, OverflowError, OSError):
-        return "?"
-
-
-def _isatty(stream: IO[str]) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-def _failure_dict(e: WorkerExit, node: str, host: str) -> dict[str, Any]:
-    return {"rank": e.global_rank, "local_rank": e.local_rank, "pid": e.pid,
-            "exit_code": e.exit_code, "signal": e.signal, "message": e.message, "node": node,
-            "host": host, "timestamp": e.timestamp, "traceback": _traceback(e.error_file),
-            "error_file_path": e.error_file_path if e.error_file else ""}
-
-
-def _traceback(error_file: Any) -> str | None:
-    if not isinstance(error_file, dict):
-        return None
-    msg = error_file.get("message")
-    if isinstance(msg, dict):
-        extra = msg.get("extraInfo") or {}
-        return extra.get("py_callstack") if isinstance(extra, dict) else None
-    return None
-
-
-def _truncate_json(data: Any, limit: int) -> Any:
-    text = json.dumps(data, default=str)
-    if len(text) <= limit:
-        return data
-    return {"truncated": True, "head": text[:limit]}
-
-
-# -- the exit barrier ---------------------------------------------------------------------
-_BARRIER_SLICE_S = 0.25  # how long the barrier's thread blocks before it looks at ``leave``
-
-
-class _BarrierLeft(Exception):
-    """The exit barrier was left before it filled."""
-
-
-class _LeavableStore(RedisStore):
-    """A store whose waits give up once ``leave`` is set. The exit barrier blocks in a thread
-    the event loop cannot cancel (and ``asyncio.run`` would wait for it at exit), so it waits
-    in slices and looks at ``leave`` between them."""
-
-    _leave: threading.Event
-
-    @classmethod
-    def on(cls, writer: Any, reader: Any, job_id: str, namespace: str,
-           leave: threading.Event) -> _LeavableStore:
-        """A store on the agent's bridged clients (no connection of its own)."""
-        store = cls.from_clients(writer, reader, job_id, namespace)
-        assert isinstance(store, _LeavableStore)
-        store._leave = leave
-        return store
-
-    def wait(self, keys: Sequence[str | bytes], timeout: Any = None) -> None:
-        if timeout is None:
-            seconds = self.timeout_seconds
-        elif isinstance(timeout, timedelta):
-            seconds = timeout.total_seconds()
-        else:
-            seconds = float(timeout)
-        deadline = None if seconds == 0 else time.monotonic() + seconds
-        while True:
-            if self._leave.is_set():
-                if self.check(keys):
-                    return  # it filled just as the node was told to leave: passing wins
-                raise _BarrierLeft
-            remaining = _BARRIER_SLICE_S if deadline is None else deadline - time.monotonic()
-            if remaining <= 0:
-                names = [k.decode() if isinstance(k, bytes) else k for k in keys]
-                raise StoreTimeoutError(f"timeout after {seconds:g} s waiting for {names}",
-                                        names, seconds)
-            with contextlib.suppress(StoreTimeoutError):
-                super().wait(keys, min(remaining, _BARRIER_SLICE_S))
-                return
-
-    def _pause(self, seconds: float) -> None:
-        # A write refused for lack of memory is retried; leaving the barrier ends that too.
-        if self._leave.wait(seconds):
-            raise _BarrierLeft
-
-
-@dataclass(frozen=True)
-class _FailedElsewhere:
-    """Why a node left the exit barrier: another node's workers failed (see ``_succeed``)."""
-
-    node: str
-    cause: Any
-
-    def __str__(self) -> str:
-        c = self.cause if isinstance(self.cause, dict) else {}
-        where = f"rank {c.get('rank', '?')} on {c.get('host') or self.node}"
-        return f"the worker group failed ({where}: {c.get('message') or 'cause unknown'})"
