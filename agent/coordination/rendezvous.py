@@ -685,6 +685,10 @@ class RedisRendezvous:
         self._owns_clients = client is None
         self._scripts = {name: self._client.register_script(source)
                          for name, source in _SCRIPTS.items()}
+        #: Scripts this handle has run: the first call of each sends its text (EVAL), later
+        #: ones its hash. On a fresh Redis, N nodes released together would otherwise each
+        #: get NOSCRIPT, load the script and call again: three commands instead of one.
+        self._sent: set[str] = set()
         self._last_round: int | None = None  # the last round this node completed
         # What a heartbeat puts back if Redis comes back empty: the round's head, this node's
         # assignment and description, and (group rank 0 only) the whole round.
@@ -748,7 +752,12 @@ class RedisRendezvous:
         """Do ``call`` on this handle's clients (a coroutine when they are asyncio's)."""
         kind = call[0]
         if kind == "script":
-            return self._scripts[call[1]](keys=self._keys, args=call[2])
+            name = call[1]
+            if name not in self._sent:
+                self._sent.add(name)
+                keys = self._keys
+                return self._client.eval(_SCRIPTS[name], len(keys), *keys, *call[2])
+            return self._scripts[name](keys=self._keys, args=call[2])
         if kind == "read":
             return self._reader.xread(call[1], count=1, block=call[2])
         if kind == "pipeline":
