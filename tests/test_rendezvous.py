@@ -231,6 +231,30 @@ def test_a_beat_that_reaches_redis_late_judges_nobody(nodes: Nodes) -> None:
     assert m.lost == [b.node_id] and newly == [b.node_id]
 
 
+def test_the_heartbeat_thread_stays_quiet_while_the_loop_beats_with_its_summary(
+        nodes: Nodes) -> None:
+    """One script call per node and interval: while the node's loop beats with its summary
+    every interval, the heartbeat thread sends nothing, whatever the two phases; once the
+    loop stops, the thread beats again."""
+    s = RendezvousSettings(min_nodes=1, max_nodes=1, heartbeat_timeout=4.0,
+                           keep_alive_interval=0.4)
+    h = nodes.make(s)
+    nodes.join_all([h])
+    beats: list[float] = []
+    own = h.heartbeat
+    h.heartbeat = lambda: (beats.append(time.monotonic()), own())[1]  # type: ignore[method-assign]
+    # The loop's beats just after the thread's ticks: the phase at which a tick finds the
+    # last beat nearly an interval old (the loop's own calls make its period a little longer).
+    wait_until(lambda: beats, timeout=5, what="a beat of the thread")
+    start = beats[-1] + 0.02
+    beats.clear()
+    for k in range(12):  # the loop: a summary with the beat in it, an interval apart
+        time.sleep(max(0.0, start + 0.4 * k - time.monotonic()))
+        h.lost_since_last_check(beat=True)
+    assert beats == [], f"{len(beats)} beats of the thread while the loop beat every interval"
+    wait_until(lambda: len(beats) >= 2, timeout=5, what="the thread beating on its own again")
+
+
 def _join_and_hang(url: str, job: str, s: RendezvousSettings) -> None:
     RedisRendezvous(url, job, s, local_addr="127.0.0.1").next_rendezvous()
 

@@ -1049,12 +1049,14 @@ class RedisRendezvous:
         yield from self._beaten(sent, restored)
 
     def _beat_due(self) -> bool:
-        """Whether the heartbeat thread must beat: no beat (of its own or riding on a summary,
-        ``lost_since_last_check(beat=True)``) for most of an interval. The gap between beats
-        stays under two intervals, far inside the heartbeat timeout."""
+        """Whether the heartbeat thread, at one of its ticks (every interval), must beat: no
+        beat went out (of its own, or riding on a summary: ``lost_since_last_check(beat=True)``)
+        for 1.25 intervals. A loop that beats every interval plus its own call's time is
+        always younger than that at a tick, whatever the two phases; when it stops, the gap
+        between beats stays under 2.25 intervals (4.5 s of a 10 s timeout by default)."""
         done = self._renewal_done
         return done is None or (
-            time.monotonic() - done >= 0.75 * self.settings.keep_alive_interval)
+            time.monotonic() - done >= 1.25 * self.settings.keep_alive_interval)
 
     def _beaten(self, sent: float, restored: Any) -> Generator[Any, Any, None]:
         """After a beat that was sent at ``sent``: the renewal's bookkeeping, and the job's
