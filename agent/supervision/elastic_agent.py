@@ -62,7 +62,7 @@ from ..coordination.rendezvous import (
 from ..coordination.store import RedisStore, StoreTimeoutError, barrier
 from ..coordination.stream_mux import StreamMux
 from ..coordination.text import terminal_line
-from . import pages
+from . import pages, recorder
 from .commands import CommandReader, Rejected, stacks_limit, stacks_refused
 from .config import AgentConfig
 from .events import EventSink, ResourceSampler, RestartClock
@@ -194,10 +194,13 @@ class ElasticAgent:
                        max_restarts=config.max_restarts, run_id=config.job_id,
                        redis_url=config.endpoint.url, job_id=config.job_id,
                        log_dir=config.log_dir, shutdown_timeout=config.shutdown_timeout,
-                       extra_env=config.extra_env, virtual_local_rank=config.virtual_local_rank,
+                       extra_env={**recorder.worker_env(config.flight_recorder, os.environ),
+                                  **config.extra_env},
+                       virtual_local_rank=config.virtual_local_rank,
                        numa_binding=config.numa_binding, preload=config.preload,
                        preload_auto=config.preload_auto,
                        stack_signal=config.stack_signal,
+                       flight_recorder=config.flight_recorder,
                        logs_specs=_logs_specs_plugin(config),
                        signals_to_handle=",".join(signal.Signals(n).name
                                                   for n in config.signals_to_handle)),
@@ -207,6 +210,10 @@ class ElasticAgent:
                                      self.host)
         self._stack_tasks: set[asyncio.Task[None]] = set()
         self._stacks_limit = stacks_limit()
+        #: Issue 22: the workers' flight recorders, on request and before any stop.
+        self.recorder = recorder.RecorderCollector(self.group, self._client, config.job_id,
+                                                   self.node_id, self.host)
+        self._collectives_limit = stacks_limit()
         self._evidence: dict[str, Any] | None = None
         self.sampler = ResourceSampler(self._client, config.job_id, self.node_id)
         self.records = JobRecords(self._client, config.job_id, self.node_logs.stream_key)
@@ -612,9 +619,13 @@ class ElasticAgent:
         ranks = [w.global_rank for w in self.group.workers]
         # Evidence before the kill: whatever stops the workers, the survivors' stacks are
         # captured first (2 s at most), so a restart never destroys where they were.
-        self._evidence = await self.stacks.evidence(f"stop-{self._attempt}")
+        self._evidence, collectives = await asyncio.gather(
+            self.stacks.evidence(f"stop-{self._attempt}"),
+            self.recorder.evidence(f"stop-{self._attempt}"))
         self._mark("evidence")
-        extra = {"stacks": self._evidence} if self._evidence else {}
+        extra: dict[str, Any] = {"stacks": self._evidence} if self._evidence else {}
+        if collectives:
+            extra["collectives"] = collectives
         self.fence.kill()  # frozen workers never run again: others may hold their ranks
         await self.group.stop()
         self._mark("stopped")
@@ -946,6 +957,16 @@ class ElasticAgent:
             # Read-only and up to 2 s: answered beside the command loop, which stays free
             # for a stop that comes meanwhile.
             task = asyncio.create_task(self._answer_stacks(cmd), name="stacks")
+            self._stack_tasks.add(task)
+            task.add_done_callback(self._stack_tasks.discard)
+            return
+        if cmd.type == CommandType.COLLECTIVES:
+            if wait := self._collectives_limit.take():
+                self._ack(cmd.id, "rejected", stacks_refused(wait))
+                return
+            mine = {w.global_rank for w in self.group.workers} if self._round else set()
+            task = asyncio.create_task(self.recorder.answer(cmd, mine, self._ack),
+                                       name="collectives")
             self._stack_tasks.add(task)
             task.add_done_callback(self._stack_tasks.discard)
             return
