@@ -125,6 +125,26 @@ def analyse(traces: Sequence[RankTrace]) -> dict[str, Any]:
     }
 
 
+#: What an event carries of an analysis (events are cut whole above 1 MiB).
+EVENT_GROUPS = 16
+EVENT_RANKS = 256
+
+
+def event_record(analysis: dict[str, Any], request: str) -> dict[str, Any]:
+    """An analysis bounded for an event's data (``stalled``, ``workers_stopped``): the
+    suspects, then at most :data:`EVENT_GROUPS` groups, those with waited-for ranks first,
+    each with at most :data:`EVENT_RANKS` ranks per list."""
+    groups = sorted(analysis.get("groups") or [], key=lambda g: not g.get("waited_for"))
+    return {
+        "request": request, "suspects": analysis.get("suspects", [])[:EVENT_RANKS],
+        "answered": analysis.get("answered", 0),
+        "groups": [{**g, "waiting": g["waiting"][:EVENT_RANKS],
+                    "waited_for": g["waited_for"][:EVENT_RANKS]}
+                   for g in groups[:EVENT_GROUPS]],
+        "mismatches": (analysis.get("mismatches") or [])[:EVENT_GROUPS],
+    }
+
+
 def _ranks(value: Any) -> str:
     """``rank 3`` / ``ranks 0-2,5`` of a rank list or of a position (``ranks``, ``count``)."""
     if isinstance(value, dict):

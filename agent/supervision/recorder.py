@@ -31,7 +31,7 @@ import redis
 import redis.asyncio as aioredis
 
 from ..coordination import protocol
-from ..coordination.collectives import RankTrace, analyse
+from ..coordination.collectives import RankTrace, analyse, event_record
 from ..coordination.protocol import CollectiveReply, CollectiveTrace, ProtocolError
 from . import stacks, zygote
 
@@ -219,4 +219,4 @@ class RecorderCollector:
             log.warning("cannot publish the collective traces captured before the stop: %s",
                         exc or "Redis did not answer in time")
         analysis = analyse([RankTrace(r.rank, r.node, r.host, r.trace) for r in replies])
-        return {"request": request_id, **analysis}
+        return event_record(analysis, request_id)

@@ -1,0 +1,224 @@
+"""Collectives below the Python stack (issue 22, part 1).
+
+* The analysis (pure): a rank in another process group's collective, a rank one collective
+  behind (hung in Python), mismatched sizes at one sequence id, ranks without a trace.
+* Hostile records: the trace decoder is total and bounded.
+* A real gloo hang (examples/collective_hang.py, 4 ranks on 2 agents): every rank blocks on
+  the same ``all_reduce`` line, rank 1 in the pair group's. ``stacks`` shows one group (Python
+  cannot tell); ``collectives --json`` names rank 1, answered by workers whose main thread is
+  blocked inside a collective; a restart's ``workers_stopped`` events carry the analysis of
+  the traces captured before the kill; a stall's ``stalled`` event carries the job-wide one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from elastic_agent.coordination.collective_replies import read_collective_replies
+from elastic_agent.coordination.collectives import RankTrace, analyse, event_record
+from elastic_agent.coordination.connection import make_async_client, parse_endpoint
+from elastic_agent.coordination.protocol import (
+    MAX_TRACE_BYTES,
+    CollectiveEntry,
+    CollectiveReply,
+    CollectiveTrace,
+    Command,
+    EventType,
+    JobKeys,
+    ProtocolError,
+    decode_collective_reply,
+    decode_collective_trace,
+    encode_collective_reply,
+    encode_command,
+)
+from tests.agents import EXAMPLES, Agent, wait_until
+from tests.test_agent import of_type
+from tests.test_console_cli import console
+
+HANG = EXAMPLES / "collective_hang.py"
+
+
+def entry(pg: str, seq: int, done: bool = True, size: int = 8, op: str = "gloo:all_reduce"):
+    return CollectiveEntry(pg, seq, op, ((size,),), ((size,),), done)
+
+
+def trace(rank: int, *entries: CollectiveEntry, groups: dict | None = None) -> RankTrace:
+    return RankTrace(rank, "n0", "h0", CollectiveTrace(groups or {}, tuple(entries)))
+
+
+# -- the analysis ----------------------------------------------------------------------------
+
+def test_a_rank_in_another_groups_collective_is_the_suspect():
+    groups = {"0": (0, 1, 2), "1": (1, 2)}
+    history = [entry("0", s, size=4) for s in (1, 2, 3)]
+    traces = [trace(0, *history, entry("0", 4, done=False), groups=groups),
+              trace(1, *history, entry("1", 1, done=False), groups=groups),
+              trace(2, *history, entry("0", 4, done=False), groups=groups)]
+    a = analyse(traces)
+    assert a["suspects"] == [1]
+    world, pair = a["groups"]
+    assert (world["pg"], world["waiting"], world["waited_for"], world["frontier"]) == (
+        "0", [0, 2], [1], 4)
+    # rank 2 never entered the pair's collective: a member by the registry, waited for there
+    assert (pair["waiting"], pair["waited_for"]) == ([1], [2])
+    assert world["positions"][0] == {"seq": 4, "op": "all_reduce", "in": [[8]], "out": [[8]],
+                                     "done": False, "ranks": "0,2", "count": 2}
+    assert a["mismatches"] == []
+
+
+def test_a_rank_one_collective_behind_and_not_blocked_is_the_only_suspect():
+    traces = [trace(r, entry("0", 1), entry("0", 2, done=False)) for r in (0, 2, 3)]
+    traces.append(trace(1, entry("0", 1)))  # finished #1, hung in Python since
+    a = analyse(traces)
+    assert a["suspects"] == [1]
+    assert a["groups"][0]["waited_for"] == [1]
+
+
+def test_mismatched_sizes_at_one_sequence_id_and_ranks_without_a_trace():
+    traces = [trace(0, entry("0", 1, done=False, size=8)),
+              trace(1, entry("0", 1, done=False, size=8)),
+              trace(2, entry("0", 1, done=False, size=16)),
+              RankTrace(3, "n1", "h1", CollectiveTrace(error="no answer within 2 s"))]
+    a = analyse(traces)
+    (m,) = a["mismatches"]
+    assert (m["pg"], m["seq"]) == ("0", 1)
+    assert [(v["in"], v["ranks"]) for v in m["variants"]] == [([[8]], "0-1"), ([[16]], "2")]
+    assert a["errors"] == [{"rank": 3, "host": "h1", "error": "no answer within 2 s"}]
+    assert (a["ranks"], a["answered"], a["suspects"]) == (4, 3, [])
+
+
+def test_a_balanced_job_has_no_suspect_and_an_event_record_is_bounded():
+    traces = [trace(r, entry("0", 7, done=False)) for r in range(600)]
+    assert analyse(traces)["suspects"] == []
+    traces[5] = trace(5, entry("0", 6))
+    behind = [trace(r, entry("0", 6)) for r in range(300)] + traces[300:]
+    rec = event_record(analyse(behind), "stall-x")
+    assert rec["suspects"] == list(range(256)) and len(rec["groups"][0]["waiting"]) == 256
+    assert len(json.dumps(rec)) < 100_000
+
+
+# -- hostile records ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw", [
+    b"[" * 100_000 + b"]" * 100_000,
+    b"x" * (MAX_TRACE_BYTES + 1),
+    b'{"entries": [{"pg": "0", "seq": true, "op": "x"}]}',
+    b'{"entries": [{"pg": "0", "seq": 1, "op": "x", "in": [[-1]]}]}',
+    b'{"groups": []}',
+    b'{"error": 5}',
+    b"[]",
+])
+def test_bad_traces_are_refused(raw):
+    with pytest.raises(ProtocolError):
+        decode_collective_trace(raw)
+
+
+def test_replies_round_trip_and_hostile_ones_are_dropped():
+    big = CollectiveTrace({"0": (0, 1)}, tuple(entry("0", s) for s in range(1, 3000)))
+    fields = encode_collective_reply(CollectiveReply("c-1", "n", "h", 3, 42, big))
+    assert len(fields["trace"]) <= MAX_TRACE_BYTES
+    back = decode_collective_reply("1-0", fields)
+    assert back is not None and back.rank == 3 and back.trace.cut
+    assert back.trace.entries[-1] == entry("0", 2999)  # the newest are kept
+    for bad in ({**fields, "rank": "-1"}, {**fields, "request": "a b"},
+                {**fields, "trace": "{" * 70_000}, {**fields, "v": "99"},
+                {k: v for k, v in fields.items() if k != "rank"}):
+        assert decode_collective_reply("1-0", bad) is None
+
+
+# -- a real gloo hang over two agents ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hung_job(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """examples/collective_hang.py, 4 ranks as 2 agents x 2; every rank blocked on the same
+    line, rank 1 in the pair (1, 2)'s all_reduce. Yields the job id."""
+    pytest.importorskip("torch")
+    tmp = tmp_path_factory.mktemp("chang")
+    job = f"chang-{os.getpid()}-{int(time.time())}"
+    args = ["--redis", redis_url, "--job-id", job, "--local-addr", "127.0.0.1",
+            "--nnodes", "2", "--nproc-per-node", "2", "--log-dir", str(tmp / "logs"),
+            "--shutdown-timeout", "2", "--stall-timeout", "4",
+            "--rdzv-conf=last_call_timeout=1,heartbeat_timeout=5,keep_alive_interval=0.5",
+            str(HANG)]
+    agents = [Agent(args, tmp, f"a{i}", env={"ODD_RANK": "1"}) for i in range(2)]
+    try:
+        wait_until(lambda: "".join(a.output for a in agents).count("entering the last") >= 4,
+                   120, "every rank at the last all_reduce")
+        yield job
+    finally:
+        for a in agents:
+            a.kill()
+
+
+def test_collectives_json_names_the_rank_python_stacks_cannot(hung_job, redis_url):
+    stacks = json.loads(console("stacks", hung_job, "--json", redis_url=redis_url).stdout)
+    assert [g["ranks"] for g in stacks["groups"]] == [[0, 1, 2, 3]]  # one Python stack
+    p = console("collectives", hung_job, "--json", redis_url=redis_url)
+    assert p.returncode == 0, p.stderr
+    a = json.loads(p.stdout)
+    assert a["suspects"] == [1], a
+    assert (a["ranks"], a["answered"]) == (4, 4)  # every rank answered, blocked as it is
+    world = next(g for g in a["groups"] if g["size"] == 4)
+    assert (world["waiting"], world["waited_for"]) == ([0, 2, 3], [1])
+    pair = next(g for g in a["groups"] if g["size"] == 2)
+    assert pair["waiting"] == [1]
+    blocked = [p for g in a["groups"] for p in g["positions"] if not p["done"]]
+    assert sum(p["count"] for p in blocked) == 4  # each rank is inside a collective
+    text = console("collectives", hung_job, redis_url=redis_url)
+    assert text.returncode == 0, text.stderr
+    assert "suspects (the ranks the others wait for): 1 " in text.stdout
+    one = json.loads(console("collectives", hung_job, "--rank", "2", "--json",
+                             redis_url=redis_url).stdout)
+    assert one["ranks"] == 1 and one["answered"] == 1
+
+
+def test_the_stall_event_carries_the_analysis(hung_job, redis_url):
+    r = redis.Redis.from_url(redis_url)
+    (ev,) = wait_until(lambda: of_type(r, hung_job, EventType.STALLED), 60, "a stalled event")
+    c = ev.data["collectives"]
+    assert c["suspects"] == [1] and c["answered"] == 4, c
+
+
+def test_a_restart_captures_the_traces_before_the_kill(hung_job, redis_url):
+    r = redis.Redis.from_url(redis_url)
+    r.xadd(JobKeys(hung_job).commands,
+           encode_command(Command("restart-c", "restart", "tester@host", args={})))
+
+    def stopped() -> list:
+        return [e for e in of_type(r, hung_job, EventType.WORKERS_STOPPED)
+                if e.data.get("reason") == "restart"]
+    wait_until(lambda: len(stopped()) == 2, 60, "both agents' workers_stopped")
+    (request,) = {e.data["collectives"]["request"] for e in stopped()}
+    # each node's event names what its own ranks show; the published traces, job-wide,
+    # name rank 1
+    assert any(e.data["collectives"]["suspects"] == [1] for e in stopped())
+
+    async def published() -> list:
+        client = make_async_client(parse_endpoint(redis_url), blocking_ms=2000)
+        try:
+            return await read_collective_replies(client, hung_job, request, range(4), 10)
+        finally:
+            await client.aclose()
+    assert analyse(asyncio.run(published()))["suspects"] == [1]
+
+
+def test_flight_recorder_flag():
+    from elastic_agent.supervision.config import UsageError, parse_args
+    from elastic_agent.supervision.recorder import DEFAULT_ENTRIES, worker_env
+
+    base = ["--standalone", str(HANG)]
+    assert parse_args(base).flight_recorder == DEFAULT_ENTRIES
+    assert parse_args(["--flight-recorder", "0", *base]).flight_recorder == 0
+    for bad in ("-1", "x", "2000000"):
+        with pytest.raises(UsageError):
+            parse_args(["--flight-recorder", bad, *base])
+    assert worker_env(500, {}) == {"TORCH_FR_BUFFER_SIZE": "500"}
+    assert worker_env(500, {"TORCH_FR_BUFFER_SIZE": "9"}) == {}  # the user's wins
+    assert worker_env(0, {}) == {}
