@@ -74,11 +74,17 @@ def test_a_rank_in_another_groups_collective_is_the_suspect():
 
 
 def test_a_rank_one_collective_behind_and_not_blocked_is_the_only_suspect():
-    traces = [trace(r, entry("0", 1), entry("0", 2, done=False)) for r in (0, 2, 3)]
-    traces.append(trace(1, entry("0", 1)))  # finished #1, hung in Python since
+    groups = {"0": tuple(range(8)), "1": (3, 4, 5, 6, 7)}
+    traces = [trace(r, entry("0", 1), entry("0", 2, done=False), groups=groups)
+              for r in (0, 2, 3)]
+    traces.append(trace(1, entry("0", 1), groups=groups))  # finished #1, hung in Python since
+    # ranks 4-7 wait in group 1 for rank 3, which waits in group 0 for rank 1: more ranks
+    # wait for rank 3, but rank 1, blocked in no collective, is where the hang starts
+    traces += [trace(r, entry("0", 1), entry("1", 1, done=False), groups=groups)
+               for r in (4, 5, 6, 7)]
     a = analyse(traces)
     assert a["suspects"] == [1]
-    assert a["groups"][0]["waited_for"] == [1]
+    assert [g["waited_for"] for g in a["groups"]] == [[1, 4, 5, 6, 7], [3]]
 
 
 def test_mismatched_sizes_at_one_sequence_id_and_ranks_without_a_trace():
