@@ -23,7 +23,7 @@ from elastic_agent.coordination.connection import Endpoint
 from elastic_agent.coordination.stack_replies import current_round
 
 from .client import issuer
-from .stack_view import DEFAULT_TIMEOUT, _client
+from .stack_view import DEFAULT_TIMEOUT, _client, asked_lately, note_asked
 
 
 @dataclass(frozen=True)
@@ -44,13 +44,17 @@ async def fetch_collectives(endpoint: Endpoint, job_id: str, *, rank: int | None
                             ) -> CollectivesResult:
     """Ask the job's agents for their ranks' traces (``rank``: one rank), or with
     ``request_id`` read an existing request or capture (a stall's, a stop's). Raises redis
-    errors and OSError for the caller to word."""
+    errors and OSError for the caller to word. Asked again within ``stack_view``'s
+    ASK_INTERVAL_S, it reads the last request's answer instead of asking."""
     client = _client(endpoint)
     start = time.monotonic()
+    if request_id is None:
+        request_id = asked_lately(job_id, rank, "collectives", start)
     try:
         if request_id is None:
             request_id, traces = await request_collectives(
                 client, job_id, issuer(), rank=rank, timeout=timeout, on_reply=on_reply)
+            note_asked(job_id, rank, "collectives", start, request_id)
         else:
             info = await current_round(client, job_id)
             traces = await read_collective_replies(client, job_id, request_id, None,

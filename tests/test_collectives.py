@@ -157,6 +157,10 @@ def hung_job(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     try:
         wait_until(lambda: "".join(a.output for a in agents).count("entering the last") >= 4,
                    120, "every rank at the last all_reduce")
+        # The stall (4 s) is reported first: agents answer a burst of 4 requests, then one
+        # every 5 s, and this module asks 4 times in all (the stall, the CLI twice, the screen)
+        r = redis.Redis.from_url(redis_url)
+        wait_until(lambda: of_type(r, job, EventType.STALLED), 60, "a stalled event")
         yield job
     finally:
         for a in agents:
@@ -180,9 +184,26 @@ def test_collectives_json_names_the_rank_python_stacks_cannot(hung_job, redis_ur
     text = console("collectives", hung_job, redis_url=redis_url)
     assert text.returncode == 0, text.stderr
     assert "suspects (the ranks the others wait for): 1 " in text.stdout
-    one = json.loads(console("collectives", hung_job, "--rank", "2", "--json",
-                             redis_url=redis_url).stdout)
-    assert one["ranks"] == 1 and one["answered"] == 1
+
+
+def test_the_stacks_screen_shows_the_suspect(hung_job, redis_url):
+    from elastic_console.widgets.stacks import StacksScreen
+    from tests.test_console_app import console as app_for
+    from tests.test_console_app import loaded, on_screen, run, screen_text
+    from tests.waiting import wait_until_async
+
+    async def body(pilot, app) -> None:
+        await loaded(app, ranks=4)
+        await pilot.press("d")
+        await on_screen(app, StacksScreen)
+        screen = app.screen
+        await wait_until_async(lambda: screen.collective_lines, 30, "the collectives")
+        assert screen.collective_lines[0].startswith(
+            "suspects (the ranks the others wait for): 1 "), screen.collective_lines
+        await wait_until_async(lambda: "the others wait for): 1" in screen_text(app), 5,
+                               "drawn")
+
+    run(app_for(redis_url, hung_job), body)
 
 
 def test_the_stall_event_carries_the_analysis(hung_job, redis_url):
@@ -228,3 +249,4 @@ def test_flight_recorder_flag():
     assert worker_env(500, {}) == {"TORCH_FR_BUFFER_SIZE": "500"}
     assert worker_env(500, {"TORCH_FR_BUFFER_SIZE": "9"}) == {}  # the user's wins
     assert worker_env(0, {}) == {}
+
