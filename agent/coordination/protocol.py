@@ -297,14 +297,14 @@ class JobKeys:
         flight recorder, reduced (see ``encode_collective_reply``; issue 22)."""
         return self._k("collectives")
 
-    @property
-    def stragglers(self) -> str:
+    def stragglers(self, round_: int) -> str:
         """Sorted set (issue 22): global rank -> the share of its time that rank spent
-        outside collectives over the last sampling window (0..1; the slow rank waits least),
-        written by its node's agent each interval (ZADD of its own ranks: O(ranks of the
-        node)); read by the round's group rank 0 agent with ZRANGE by index (O(log N + k)).
-        Expires after a few intervals without writes."""
-        return self._k("stragglers")
+        outside collectives over the last sampling window of round ``round_`` (0..1: the slow
+        rank waits least), written by its node's agent each interval (ZADD of its own ranks:
+        O(ranks of the node)); read by the round's group rank 0 agent by index (ZCARD, the
+        median by ZRANGE, the top by ZREVRANGE: O(log N + k)). Expires three intervals after
+        its last write."""
+        return self._k(f"stragglers:{int(round_)}")
 
     @property
     def stacks(self) -> str:

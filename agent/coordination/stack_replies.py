@@ -68,7 +68,7 @@ async def current_round(client: Any, job_id: str) -> RoundInfo | None:
         return None
 
 
-def _hosts_by_rank(info: RoundInfo | None) -> dict[int, tuple[str, str]]:
+def hosts_by_rank(info: RoundInfo | None) -> dict[int, tuple[str, str]]:
     """global rank -> (node, host) from the round's placement (nodes in group-rank order)."""
     out: dict[int, tuple[str, str]] = {}
     if info is None:
@@ -130,7 +130,7 @@ async def read_replies(client: Any, job_id: str, request_id: str, stream: str,
     deadline = loop.time() + max(0.0, timeout)
     if info is None:
         info = await current_round(client, job_id)
-    placement = _hosts_by_rank(info)
+    placement = hosts_by_rank(info)
     if expected_ranks is None:
         wanted = set(range(info.total_workers)) if info is not None else set()
     else:

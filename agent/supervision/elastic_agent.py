@@ -76,6 +76,7 @@ from .redis_bridge import SyncBridge
 from .retention import JobRetention
 from .stacks import StackCollector
 from .stall import Stall, StallWatch
+from .stragglers import StragglerWatch
 from .watchdog import Watchdog
 from .workers import (
     GroupResult,
@@ -214,6 +215,10 @@ class ElasticAgent:
         self.recorder = recorder.RecorderCollector(self.group, self._client, config.job_id,
                                                    self.node_id, self.host)
         self._collectives_limit = stacks_limit()
+        #: Issue 22: slow ranks (stragglers.py); None with --straggler-interval 0 or no recorder.
+        self.stragglers = StragglerWatch(
+            self._client, config.job_id, config.straggler_interval, self.events.emit,
+        ) if config.straggler_interval > 0 and config.flight_recorder > 0 else None
         self._evidence: dict[str, Any] | None = None
         self.sampler = ResourceSampler(self._client, config.job_id, self.node_id)
         self.records = JobRecords(self._client, config.job_id, self.node_logs.stream_key)
@@ -488,6 +493,7 @@ class ElasticAgent:
         watch = asyncio.ensure_future(self._watch_membership())
         fence = asyncio.ensure_future(self.fence.watch(self._round.result.group_world_size))
         stalled = asyncio.ensure_future(self._watch_stall())
+        slow = asyncio.ensure_future(self._watch_stragglers())
         try:
             while True:
                 action = asyncio.ensure_future(self._actions.get())
@@ -512,7 +518,7 @@ class ElasticAgent:
                     return Outcome.STALLED, stalled.result()
                 return watch.result()
         finally:
-            for t in (group, watch, fence, stalled):
+            for t in (group, watch, fence, stalled, slow):
                 t.cancel()
 
     async def _watch_stall(self) -> Stall:
@@ -522,6 +528,14 @@ class ElasticAgent:
         assert self.stall is not None and self._round is not None
         r = self._round
         return await self.stall.watch(r.result.round, r.started_ms, lambda: self.group.workers)
+
+    async def _watch_stragglers(self) -> None:
+        """Runs until cancelled with the monitor (issue 22)."""
+        if self.stragglers is None or self._round is None:
+            return
+        r = self._round.result
+        await self.stragglers.watch(r.round, r.group_rank, lambda: recorder.ask_all(
+            self.group.recorder_targets(), "sample"))
 
     def _restart_still_due(self, cmd: Command) -> bool:
         # A restart issued before the current round formed has been done already (another
