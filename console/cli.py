@@ -438,6 +438,7 @@ async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
                       for n, i in view.nodes.items()},
             "ranks": [_rank_json(r) for r in ranks],
             "root_cause": view.root_cause,
+            "stragglers": view.stragglers,
             "expires_in_s": expires,
         }, default=str))
         return EXIT_OK
@@ -465,6 +466,9 @@ async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
         _out(f"root cause: rank {_q(c.get('rank'))} on {c.get('host', '?')}: "
              f"{c.get('message') or c.get('exit_code')}")
         _write("    " + line for line in str(c.get("traceback") or "").split("\n") if line)
+    if view.stragglers:
+        _out("stragglers " + ", ".join(f"rank {x['rank']} on {x['host']} ({x['ratio']:g}x "
+                                       "slower)" for x in view.stragglers[:16]))
     if view.skipped:
         _out(f"skipped   {view.skipped} record{'' if view.skipped == 1 else 's'} that could not "
              "be read (malformed, foreign or of an unknown version)")

@@ -277,6 +277,13 @@ def test_a_rank_that_computes_1_6x_longer_is_named(redis_url, r, job_id, tmp_pat
         assert slow["rank"] == 3 and slow["host"] and slow["node"], ev.data
         assert 1.3 <= slow["ratio"] <= 2.5, ev.data  # 1.6x, measured on a loaded machine
         assert ev.data["window_s"] == 2
+        status = console("status", job_id, redis_url=redis_url)
+        assert f"stragglers rank 3 on {slow['host']} ({slow['ratio']:g}x slower)" in \
+            status.stdout, status.stdout
+        got = json.loads(console("status", job_id, "--json", redis_url=redis_url).stdout)
+        assert [x["rank"] for x in got["stragglers"]] == [3]
+        assert {x["rank"]: x["state"] for x in got["ranks"]}[3] == "slow"
+        asyncio.run(_console_shows_the_straggler(redis_url, job_id))
     finally:
         for a in agents:
             a.kill()
@@ -293,3 +300,46 @@ def test_a_balanced_job_names_no_straggler(redis_url, r, job_id, tmp_path):
     finally:
         for a in agents:
             a.kill()
+
+
+async def _console_shows_the_straggler(redis_url: str, job_id: str) -> None:
+    from elastic_console.app import ConsoleApp
+    from tests.test_stall import screen_text
+    from tests.waiting import wait_until_async
+
+    app = ConsoleApp(job_id, endpoint=parse_endpoint(redis_url), cursor_blink=False)
+    async with app.run_test(size=(140, 40)):
+        await wait_until_async(lambda: app.loaded and any(
+            e.kind == "straggler" for e in app.timeline.entries), 20, "the timeline entry")
+        entry = next(e for e in app.timeline.entries if e.kind == "straggler")
+        assert entry.text.startswith("straggler: rank 3 on "), entry.text
+        assert app.view.ranks[3].state == "slow"
+        await wait_until_async(lambda: "slow" in screen_text(app), 5, "the rank table")
+
+
+def test_the_console_state_marks_stragglers_and_survives_hostile_data():
+    from elastic_agent.coordination.protocol import decode_event, encode_event
+    from elastic_console.state import JobView
+
+    v = JobView("job-s")
+    seq = iter(range(1, 100))
+
+    def ev(ms: int, etype: str, **data: object) -> None:
+        e = decode_event(f"{ms}-0", encode_event(etype, "n-1-x", data, next(seq)))
+        assert e is not None
+        v.apply_event(e)
+
+    ev(1000, EventType.WORKERS_STARTED, ranks=[0, 1, 2, 3], local_ranks=[0, 1, 2, 3],
+       pids=[10, 11, 12, 13], host="h", restart_count=0)
+    ev(2000, EventType.STRAGGLER, window_s=15, ranks=[
+        {"rank": True, "ratio": 2}, {"rank": 1, "ratio": "x"}, "junk", {"rank": -4, "ratio": 2},
+        {"rank": 3, "ratio": 1.6, "host": "h\x1b[2J"}, {"rank": 2, "ratio": 1.41, "node": "m-9-z"}])
+    assert v.stragglers == [{"rank": 2, "host": "m", "ratio": 1.41},
+                            {"rank": 3, "host": "h\\x1b[2J", "ratio": 1.6}]
+    assert [v.ranks[r].state for r in range(4)] == ["running", "running", "slow", "slow"]
+    assert v.timeline[-1].kind == "straggler" and "rank 2 on m (1.41x" in v.timeline[-1].text
+    ev(3000, EventType.STRAGGLER, window_s=15, ranks=[{"rank": 3, "ratio": 1.5, "host": "h"}])
+    assert [v.ranks[r].state for r in range(4)] == ["running", "running", "running", "slow"]
+    ev(4000, EventType.STRAGGLER, window_s=15, ranks=[])
+    assert v.stragglers == [] and v.ranks[3].state == "running"
+    assert v.timeline[-1].text == "no straggler any more"
