@@ -166,7 +166,8 @@ def summary_lines(analysis: dict[str, Any], hosts: dict[int, str] | None = None)
     for g in analysis.get("groups") or []:
         head = f"process group {g['pg']} ({g['size']} ranks {g['members']})"
         if g.get("waited_for"):
-            head += (f": {_ranks(g['waiting'])} wait in collective #{g['frontier']}"
+            verb = "waits" if len(g["waiting"]) == 1 else "wait"
+            head += (f": {_ranks(g['waiting'])} {verb} in collective #{g['frontier']}"
                      f" for {_ranks(g['waited_for'])}")
         lines.append(head)
         for p in g.get("positions") or []:
