@@ -7,7 +7,11 @@ a) Cost: ``bench/fr_step_worker.py`` (2 gloo ranks; each step 8 matmuls and an a
    entries, the trace thread sampling every 0.1 s, the straggler check every 15 s), runs
    alternated, ``--repeat`` each; torchrun (no recorder) beside them. The figure is the mean
    step time of rank 0's timed steps, median over the runs, and the recorder's cost as a
-   share of it (goal < 1%).
+   share of it (goal < 1%). On a shared machine run-to-run noise is larger than the cost, so
+   the same is also measured in one process (``bench/fr_micro_worker.py``, one gloo rank):
+   an all_reduce with the recorder off and on (5,000 after 5,000 that fill the buffer), one
+   sample of the trace thread (taken every 0.1 s) and one trace at 256 and 2,000 entries; the
+   sampler's share of a core is its cost per 0.1 s.
 b) Time to name a straggler: examples/straggler.py on 4 ranks, rank 3 computing 1.6x longer
    per step, default flags (``--straggler-interval 15``): seconds from the
    ``workers_started`` event to the ``straggler`` event (both from the agent's
@@ -57,6 +61,15 @@ def step_ms(launcher: list[str], steps: int, tmp: Path) -> float:
     return float(out.read_text())
 
 
+def micro(entries: int, port: int) -> dict:
+    p = subprocess.run([sys.executable, str(HERE / "fr_micro_worker.py"), str(port)],
+                       env={**os.environ, "TORCH_FR_BUFFER_SIZE": str(entries)},
+                       capture_output=True, text=True, timeout=300, check=False)
+    if p.returncode != 0:
+        raise SystemExit(f"fr_micro_worker failed: {p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def events(stderr: Path, name: str) -> list[dict]:
     out = []
     for line in stderr.read_text(errors="replace").splitlines():
@@ -103,6 +116,21 @@ def main() -> None:
         cost = (med["recorder on (default)"] - med["recorder off"]) / med["recorder off"]
         print(f"   recorder cost: {cost * 100:+.2f}% of the step time (goal < 1%); "
               f"recorder on / torchrun {med['recorder on (default)'] / med['torchrun (no recorder)']:.3f}x")
+        figures: dict[int, list[dict]] = {0: [], 256: [], 2000: []}
+        for i in range(a.repeat):
+            for entries in figures:
+                figures[entries].append(micro(entries, 29540 + i * 3 + len(figures[entries])))
+        m = {e: {k: statistics.median(f[k] for f in fs) for k in fs[0]}
+             for e, fs in figures.items()}
+        print(f"   in one process (median of {a.repeat}): all_reduce of 1,024 floats "
+              f"{m[0]['collective_us']:.1f} us with the recorder off, "
+              f"{m[256]['collective_us']:.1f} us at 256 entries, "
+              f"{m[2000]['collective_us']:.1f} us at 2,000")
+        sample = m[256]["sample_us"]
+        print(f"   sampler: {sample:.1f} us a sample, every {m[256]['sample_interval_s']:g} s: "
+              f"{sample / (m[256]['sample_interval_s'] * 1e6) * 100:.4f}% of one core; "
+              f"a trace on request: {m[256]['trace_ms']:.1f} ms at 256 entries, "
+              f"{m[2000]['trace_ms']:.1f} ms at 2,000")
         if not a.skip_b:
             took, ranks = time_to_name(tmp, 90)
             print(f"b) straggler (rank 3 at 1.6x, 4 ranks, --straggler-interval 15): named "
