@@ -3,9 +3,9 @@ worker, read on demand through a per-rank socket, published like stack replies.
 
 ``--flight-recorder N`` (default :data:`DEFAULT_ENTRIES`; 0 is off) gives the workers
 ``TORCH_FR_BUFFER_SIZE=N`` (unless the user's environment sets it: theirs wins), which makes
-torch record the newest N collectives of every process group (gloo on the CPU build; NCCL
-too: README, "Below the Python stack"). The worker bootstrap starts a thread (``recorder_probe.py``) that
-connects to this rank's Unix socket, made by the agent in its private runtime directory
+torch record the newest N collectives of the worker, all process groups together (gloo on the CPU build; NCCL
+too: README, "Below the Python stack"). The worker bootstrap starts a thread
+(``recorder_probe.py``) that connects to this rank's Unix socket, made by the agent in its private runtime directory
 (``stacks.runtime_dir``, 0700) before the worker starts, named by ``ELASTIC_RECORDER``.
 The agent asks ``trace`` (the recorder, reduced to the newest entries of each group) or
 ``sample`` (the straggler sampler's counts); each answer is a 4-byte length and JSON of at
