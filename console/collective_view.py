@@ -60,7 +60,6 @@ async def fetch_collectives(endpoint: Endpoint, job_id: str, *, rank: int | None
             traces = await read_collective_replies(client, job_id, request_id, None,
                                                    min(timeout, 3.0), info=info,
                                                    on_reply=on_reply)
-            traces = [t for t in traces if not t.trace.error or t.node] or traces
     finally:
         await client.aclose()
     return CollectivesResult(request_id, traces, analyse(traces), time.monotonic() - start)
