@@ -343,3 +343,34 @@ def test_the_console_state_marks_stragglers_and_survives_hostile_data():
     ev(4000, EventType.STRAGGLER, window_s=15, ranks=[])
     assert v.stragglers == [] and v.ranks[3].state == "running"
     assert v.timeline[-1].text == "no straggler any more"
+
+
+def test_a_hostile_or_silent_worker_on_the_recorder_socket(tmp_path):
+    from elastic_agent.supervision.recorder import NOT_LINKED, RecorderLink, to_trace
+    from tests.waiting import wait_until_async
+
+    async def scenario() -> None:
+        link = await RecorderLink.listen(tmp_path / "w.fr")
+        try:
+            assert await link.ask("trace", 0.2) == NOT_LINKED  # no worker yet
+            reader, writer = await asyncio.open_unix_connection(str(tmp_path / "w.fr"))
+            await wait_until_async(lambda: link._conn is not None, 5, "the accept")
+            answer = asyncio.ensure_future(link.ask("trace", 2))
+            assert await reader.readline() == b"trace\n"
+            writer.write(b"\x00\x00\x00\x07garbage")
+            assert to_trace(await answer).error.startswith("unreadable trace from the worker")
+            assert await link.ask("trace", 0.2) == "no answer within 0.2 s"  # silent: dropped
+            assert await link.ask("trace", 0.2) == NOT_LINKED
+            writer.close()
+            reader, writer = await asyncio.open_unix_connection(str(tmp_path / "w.fr"))
+            await wait_until_async(lambda: link._conn is not None, 5, "the accept")
+            answer = asyncio.ensure_future(link.ask("sample", 2))
+            await reader.readline()
+            writer.write(b"\xff\xff\xff\xff")  # 4 GiB announced
+            assert "at most 65536" in await answer
+            writer.close()
+        finally:
+            link.close()
+        assert not (tmp_path / "w.fr").exists()
+
+    asyncio.run(scenario())
