@@ -7,9 +7,10 @@ torch record the newest N collectives of the worker, all process groups together
 CPU build; NCCL too: README, "Below the Python stack"). The worker bootstrap starts a thread
 (``recorder_probe.py``) that connects to this rank's Unix socket, made by the agent in its
 private runtime directory (``stacks.runtime_dir``, 0700) before the worker starts, named by
-``ELASTIC_RECORDER``. The agent asks ``trace`` (the recorder, reduced to the newest entries of each group) or
-``sample`` (the straggler sampler's counts); each answer is a 4-byte length and JSON of at
-most ``protocol.MAX_TRACE_BYTES``, decoded by ``protocol`` (the worker is untrusted input).
+``ELASTIC_RECORDER``. The agent asks ``trace`` (the recorder, reduced to the newest entries
+of each group) or ``sample`` (the straggler sampler's counts); each answer is a 4-byte length
+and JSON of at most ``protocol.MAX_TRACE_BYTES``, decoded by ``protocol`` (the worker is
+untrusted input).
 
 A rank blocked inside a collective answers: the collective waits with the GIL released, and
 the thread is the worker's own (tests/test_collectives.py proves it on a hung gloo job).
