@@ -374,3 +374,36 @@ def test_a_hostile_or_silent_worker_on_the_recorder_socket(tmp_path):
         assert not (tmp_path / "w.fr").exists()
 
     asyncio.run(scenario())
+
+
+def test_straggler_checks_cost_redis_the_same_per_node_at_any_size(private_redis):
+    """Counted, never timed (INFO commandstats of a server of the test's own): each node's
+    write, and group rank 0's decision, must not grow with the job's size."""
+    from elastic_agent.supervision.stragglers import StragglerWatch
+
+    sync = redis.Redis.from_url(private_redis.url)
+
+    def counts() -> tuple[int, int]:
+        stats = sync.info("commandstats")
+        return (sum(int(v["calls"]) for v in stats.values()),
+                int(sync.info("stats")["total_net_output_bytes"]))
+
+    async def job(nodes: int) -> tuple[float, int, int]:
+        client = make_async_client(parse_endpoint(private_redis.url))
+        watch = StragglerWatch(client, f"scale-{nodes}", 5.0, lambda *a, **k: None)
+        try:
+            await client.ping()  # the connection's own setup, before counting
+            c0, _ = counts()
+            for node in range(nodes):  # 8 ranks a node, all alike: nobody is named
+                await watch.write(0, {node * 8 + i: 0.5 for i in range(8)})
+            c1, b1 = counts()
+            await watch.decide(0)
+            c2, b2 = counts()
+        finally:
+            await client.aclose()
+        return ((c1 - c0 - 2) / nodes, c2 - c1 - 2, b2 - b1)  # (the two counts: INFO x2)
+
+    small, large = asyncio.run(job(64)), asyncio.run(job(2048))
+    assert small[0] == large[0] == 2  # ZADD + PEXPIRE per node and interval
+    assert small[1] == large[1] == 3  # ZCARD, the median, the top 16
+    assert large[2] <= small[2] * 1.35, (small, large)
