@@ -875,6 +875,11 @@ class JobView:
         else:
             text += f"no rank stands out ({len(groups)} group{'' if len(groups) == 1 else 's'}"
             text += " of stacks)"
+        traced = d.get("collectives")  # issue 22: every rank's flight recorder, analysed
+        suspects = rank_list(traced.get("suspects")) if isinstance(traced, dict) else []
+        if suspects:
+            text += (f"; collectives wait for rank{'s' if len(suspects) > 1 else ''} "
+                     f"{format_ranks(suspects)}")
         policy = d.get("policy")
         if policy in ("restart", "stop"):
             text += f"; --on-stall {policy}"

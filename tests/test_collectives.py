@@ -407,3 +407,28 @@ def test_straggler_checks_cost_redis_the_same_per_node_at_any_size(private_redis
     assert small[0] == large[0] == 2  # ZADD + PEXPIRE per node and interval
     assert small[1] == large[1] == 3  # ZCARD, the median, the top 16
     assert large[2] <= small[2] * 1.35, (small, large)
+
+
+def test_the_console_state_names_the_collectives_suspects_of_a_stall():
+    from elastic_agent.coordination.protocol import decode_event, encode_event
+    from elastic_console.state import JobView
+
+    v = JobView("job-s")
+    for i, (ms, etype, data) in enumerate([
+            (1000, EventType.WORKERS_STARTED, {"ranks": [0, 1, 2], "local_ranks": [0, 1, 2],
+                                               "pids": [10, 11, 12], "host": "h",
+                                               "restart_count": 0}),
+            (5000, EventType.STALLED, {"request": "c-a", "idle_s": 9.0, "policy": "observe",
+                                       "round": 0, "odd_ranks": [], "groups": [
+                                           {"ranks": [0, 1, 2], "hosts": ["h"],
+                                            "summary": "all_reduce ← main"}],
+                                       "collectives": {"request": "c-b", "suspects": [1, True]}}),
+            (6000, EventType.STALLED, {"request": "c-c", "idle_s": 9.0, "policy": "observe",
+                                       "round": 0, "odd_ranks": [], "groups": [],
+                                       "collectives": "junk"})], 1):
+        e = decode_event(f"{ms}-0", encode_event(etype, "n-1-x", data, i))
+        assert e is not None
+        v.apply_event(e)
+    first, second = list(v.timeline)[-2:]
+    assert first.text.endswith("; collectives wait for rank 1"), first.text
+    assert "collectives" not in second.text
