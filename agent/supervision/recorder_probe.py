@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import struct
 import sys
@@ -180,6 +181,9 @@ def serve(sock: socket.socket, sample_s: float = SAMPLE_S) -> None:
     """Answer the agent until it closes the socket (the thread's body)."""
     sampler = Sampler()
     buf = b""
+    # Jittered (0.5 to 1.5 intervals): a fixed period could alias with a training loop's own
+    # period and see the same phase of every step.
+    jitter = random.Random()
     next_sample = time.monotonic() + sample_s
     while True:
         sock.settimeout(max(0.001, next_sample - time.monotonic()))
@@ -191,7 +195,7 @@ def serve(sock: socket.socket, sample_s: float = SAMPLE_S) -> None:
             return  # the agent is gone, or this attempt's link was closed
         if data is None:
             sampler.sample()
-            next_sample = time.monotonic() + sample_s
+            next_sample = time.monotonic() + sample_s * (0.5 + jitter.random())
             continue
         buf += data
         while b"\n" in buf:
