@@ -120,7 +120,6 @@ def trace() -> dict[str, Any]:
     reply: dict[str, Any] = {
         "groups": _groups(),
         "entries": [e for group in entries.values() for e in group],
-        "status": {str(k): v for k, v in list((dump.get("pg_status") or {}).items())[:MAX_GROUPS]},
     }
     if not reply["entries"] and os.environ.get("TORCH_FR_BUFFER_SIZE", "0") in ("", "0") \
             and not os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE"):
