@@ -102,6 +102,8 @@ def trace() -> dict[str, Any]:
         return {"error": "torch.distributed is not in use in this worker"}
     entries: dict[str, list[dict[str, Any]]] = {}
     for e in dump.get("entries") or ():
+        if e.get("is_p2p"):
+            continue  # send/recv have their own sequence (p2p_seq_id): not analysed here
         pg = e.get("process_group") or ("?", "")
         name = str(pg[0])
         if name not in entries and len(entries) >= MAX_GROUPS:
@@ -109,7 +111,7 @@ def trace() -> dict[str, Any]:
         keep = entries.setdefault(name, [])
         keep.append({
             "pg": name, "desc": str(pg[1])[:64] if len(pg) > 1 else "",
-            "seq": int(e.get("collective_seq_id") or 0), "p2p": int(e.get("p2p_seq_id") or 0),
+            "seq": int(e.get("collective_seq_id") or 0),
             "op": str(e.get("profiling_name") or "")[:64],
             "in": _sizes(e.get("input_sizes")), "out": _sizes(e.get("output_sizes")),
             "done": bool(e.get("retired")) or e.get("state") == "completed",
