@@ -571,6 +571,10 @@ def run_fleet(n: int, args: argparse.Namespace) -> dict[str, Any]:
             victim = n - 1
             killed = fleet.kill(victim)
             want_round = round0 + 1
+            # The victim's last beat (by Redis's clock): nobody may call it lost before that
+            # plus the heartbeat timeout, so that is where the protocol's clock starts.
+            last_beat = next((score for _, score in r.zscan_iter(
+                keys.rdzv_heartbeats, match=f"sim{victim:05d}-*")), None)
 
             def reformed() -> bool:
                 s = r.hmget(keys.rdzv_state, "round", "status")
@@ -583,6 +587,10 @@ def run_fleet(n: int, args: argparse.Namespace) -> dict[str, Any]:
             # By Redis's clock: when the new round completed (the protocol's part; what the
             # nodes take to hear of it is this machine's 2 cores simulating N agents).
             out["lost_complete_s"] = int(head.get("completed_ms", 0)) / 1000 - killed
+            told, seen_ms = _nodes_saying(r, job, since, lambda e: e.type == EventType.NODE_LOST)
+            if told and last_beat is not None:  # (one node reports a loss: newest = first)
+                out["lost_last_beat_s"] = last_beat / 1000 - killed
+                out["lost_seen_s"] = seen_ms / 1000 - killed
             survivors = n - 1
             _wait(lambda: _started(r, job, want_round, since)[0] >= survivors, 60, 0.2)
             # 4. restart
@@ -727,8 +735,10 @@ def _report(f: dict[str, Any], args: argparse.Namespace) -> str:
             f"{k} {v}" for k, v in f.get("redis_us_per_node_interval", {}).items()),
         "  calls per node and interval (scripts' own calls included): " + ", ".join(
             f"{k} {v}" for k, v in f.get("calls_per_node_interval", {}).items()),
-        f"  lost node -> new round of {f.get('lost_world')}: {_fmt(f.get('lost_s'))} s (complete "
-        f"in Redis at {_fmt(f.get('lost_complete_s'))} s)",
+        f"  lost node -> new round of {f.get('lost_world')}: {_fmt(f.get('lost_s'))} s (its last "
+        f"beat at {_fmt(f.get('lost_last_beat_s'))} s, called lost at "
+        f"{_fmt(f.get('lost_seen_s'))} s, the new round complete in Redis at "
+        f"{_fmt(f.get('lost_complete_s'))} s)",
         f"  restart: acked by {f.get('restart_acked')} nodes in {_fmt(f.get('restart_ack_s'))} s,"
         f" the new round complete in Redis at {_fmt(f.get('restart_complete_s'))} s, workers "
         f"started again in {_fmt(f.get('restart_started_s'))} s",

@@ -7,6 +7,7 @@
     elastic-console restart JOB [--yes] [--timeout S]
     elastic-console stop JOB [--yes] [--timeout S]
     elastic-console stacks JOB [--rank R] [--json] [--timeout S]
+    elastic-console collectives JOB [--rank R] [--json] [--timeout S]
     elastic-console attach [JOB] [--read-only] [--scrollback N]   (no JOB: the list of jobs)
     elastic-console serve [JOB] [--host H] [--port N] [--allow-commands] [--max-sessions N]
     elastic-console rm JOB [--force] [--timeout S]
@@ -186,6 +187,16 @@ def build_parser() -> argparse.ArgumentParser:
     sk.add_argument("--timeout", type=_positive_float, default=10.0, metavar="S",
                     help="seconds to wait for every rank's answer (default 10)")
 
+    co = sub.add_parser("collectives", parents=[common],
+                        help="every rank's newest collectives (torch's flight recorder): the "
+                        "ranks the others wait for, mismatched collectives")
+    co.add_argument("job", metavar="JOB")
+    co.add_argument("--rank", type=_nonneg_int, default=None, help="only this global rank")
+    co.add_argument("--json", action="store_true",
+                    help="one JSON object; `suspects`: the waited-for ranks, ascending")
+    co.add_argument("--timeout", type=_positive_float, default=10.0, metavar="S",
+                    help="seconds to wait for every rank's answer (default 10)")
+
     rm = sub.add_parser("rm", parents=[common],
                         help="remove a finished or lost job's records from Redis now")
     rm.add_argument("job", metavar="JOB")
@@ -280,7 +291,8 @@ def _dispatch(args: argparse.Namespace) -> int:
                      scrollback=args.scrollback, max_sessions=args.max_sessions)
     commands: dict[str, Callable[[Endpoint, argparse.Namespace], Coroutine[Any, Any, int]]] = {
         "ls": _ls, "status": _status, "logs": _logs, "events": _events,
-        "restart": _command, "stop": _command, "stacks": _stacks, "rm": _rm,
+        "restart": _command, "stop": _command, "stacks": _stacks,
+        "collectives": _collectives, "rm": _rm,
     }
     return _run(commands[args.command](ep, args))
 
@@ -429,6 +441,7 @@ async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
                       for n, i in view.nodes.items()},
             "ranks": [_rank_json(r) for r in ranks],
             "root_cause": view.root_cause,
+            "stragglers": view.stragglers,
             "expires_in_s": expires,
             "patterns": list(view.patterns.values()),  # the restart patterns (issue 22)
         }, default=str))
@@ -459,6 +472,9 @@ async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
         _write("    " + line for line in str(c.get("traceback") or "").split("\n") if line)
     for pattern in view.patterns.values():
         _out(f"pattern   {pattern}")
+    if view.stragglers:
+        _out("stragglers " + ", ".join(f"rank {x['rank']} on {x['host']} ({x['ratio']:g}x "
+                                       "slower)" for x in view.stragglers[:16]))
     if view.skipped:
         _out(f"skipped   {view.skipped} record{'' if view.skipped == 1 else 's'} that could not "
              "be read (malformed, foreign or of an unknown version)")
@@ -859,6 +875,46 @@ async def _stacks(ep: Endpoint, args: argparse.Namespace) -> int:
         _write(result_lines(result, job))
     if not any(s.threads for s in result.stacks):
         return _fail(f"no rank of job '{job}' answered with stacks", EXIT_RUNTIME)
+    return EXIT_OK
+
+
+# -- collectives --------------------------------------------------------------------------
+
+async def _collectives(ep: Endpoint, args: argparse.Namespace) -> int:
+    """Ask every agent for its ranks' flight recorder traces (read-only: no confirmation)."""
+    import redis
+
+    from .collective_view import fetch_collectives, result_json, result_lines
+    from .stack_view import job_round
+
+    job = _job(args)
+    client = await _open(ep, job)
+    try:
+        final = (await client.meta()).get("final_state")
+        if final:
+            raise CliError(f"job '{job}' has already {sanitize(final)}: no worker to ask")
+        info = await job_round(ep, job)
+    except (redis.RedisError, OSError) as exc:
+        raise CliError(f"cannot read job '{job}': {sanitize(str(exc))}") from None
+    finally:
+        await client.close()
+    if info is None or not info.total_workers:
+        raise CliError(f"job '{job}' has no running workers (no rendezvous round completed)")
+    if args.rank is not None and args.rank >= info.total_workers:
+        raise CliError(f"rank {args.rank} is not in job '{job}' (world size "
+                       f"{info.total_workers})", EXIT_USAGE)
+    try:
+        result = await fetch_collectives(ep, job, rank=args.rank, timeout=args.timeout)
+    except (redis.RedisError, OSError) as exc:
+        raise CliError(f"cannot ask job '{job}' for collectives on {ep.display}: "
+                       f"{sanitize(str(exc))}") from None
+    if args.json:
+        _out(json.dumps(result_json(result, job)))
+    else:
+        _write(result_lines(result, job))
+    if not result.analysis["answered"]:
+        return _fail(f"no rank of job '{job}' answered with a collective trace (is "
+                     "--flight-recorder 0, or torch.distributed not started yet?)", EXIT_RUNTIME)
     return EXIT_OK
 
 

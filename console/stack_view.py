@@ -38,10 +38,23 @@ DEFAULT_TIMEOUT = 10.0
 #: seconds: within it, asking again shows that last request's capture without writing
 #: (keys held down, a browser tab refreshing). The agents limit requests too (docs/SECURITY.md).
 ASK_INTERVAL_S = 5.0
-#: (job, rank) -> (monotonic time, request id) of this process's last request. Bounded: a
-#: console follows a handful of jobs.
-_asked: dict[tuple[str, int | None], tuple[float, str]] = {}
+#: (job, rank, kind) -> (monotonic time, request id) of this process's last request.
+#: Bounded: a console follows a handful of jobs.
+_asked: dict[tuple[str, int | None, str], tuple[float, str]] = {}
 _ASKED_LIMIT = 256
+
+
+def asked_lately(job_id: str, rank: int | None, kind: str, now: float) -> str | None:
+    """The id of this process's ``kind`` request (stacks, collectives) for ``job_id`` and
+    ``rank`` if it was sent less than :data:`ASK_INTERVAL_S` ago: show its answer again."""
+    at, last = _asked.get((job_id, rank, kind), (-ASK_INTERVAL_S, ""))
+    return last if last and now - at < ASK_INTERVAL_S else None
+
+
+def note_asked(job_id: str, rank: int | None, kind: str, now: float, request_id: str) -> None:
+    if len(_asked) >= _ASKED_LIMIT:
+        _asked.clear()
+    _asked[(job_id, rank, kind)] = (now, request_id)
 
 
 @dataclass(frozen=True)
@@ -79,16 +92,12 @@ async def fetch_stacks(endpoint: Endpoint, job_id: str, *, rank: int | None = No
     client = _client(endpoint)
     start = time.monotonic()
     if request_id is None:
-        at, last = _asked.get((job_id, rank), (-ASK_INTERVAL_S, ""))
-        if last and start - at < ASK_INTERVAL_S:
-            request_id = last  # asked moments ago: show that answer again
+        request_id = asked_lately(job_id, rank, "stacks", start)  # show that answer again
     try:
         if request_id is None:
             request_id, stacks = await request_stacks(client, job_id, issuer(), rank=rank,
                                                       timeout=timeout, on_reply=on_reply)
-            if len(_asked) >= _ASKED_LIMIT:
-                _asked.clear()
-            _asked[(job_id, rank)] = (start, request_id)
+            note_asked(job_id, rank, "stacks", start, request_id)
         else:
             info = await current_round(client, job_id)
             stacks = await _read_capture(client, job_id, request_id, info, min(timeout, 3.0),

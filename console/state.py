@@ -40,6 +40,9 @@ event                       effect
 ``stalled``                 timeline entry (``ref``: the stacks capture); the odd ranks ->
                             ``stalled``, the other ranks captured -> ``waiting`` (for them),
                             each until its next log line
+``straggler``               timeline entry; the named ranks -> ``slow`` (running, slower than
+                            the others), the ranks it no longer names -> ``running``;
+                            ``stragglers`` = its ranks (rank, host, ratio), until a restart
 ==========================  ================================================================
 
 The meta hash gives ``min_nodes``, ``max_nodes``, ``max_restarts``, ``created_ms`` and, for
@@ -125,6 +128,8 @@ FINAL_STATES = frozenset({FAILED, SUCCEEDED, STOPPED})
 EXITED = "exited"
 #: A stall (``stalled`` event): the odd ranks, and the ranks waiting for them.
 STALLED, WAITS = "stalled", "waiting"
+#: A straggler (``straggler`` event, issue 22): running, persistently slower than the others.
+SLOW = "slow"
 
 #: Node states.
 JOINED, LOST, LEFT = "joined", "lost", "left"
@@ -302,6 +307,8 @@ class JobView:
         self.restarts_used: int = 0
         self.max_restarts: int | None = None
         self.root_cause: dict[str, Any] | None = None
+        #: The newest ``straggler`` event's ranks: [{rank, host, ratio}] (issue 22).
+        self.stragglers: list[dict[str, Any]] = []
         self.created_ms: int | None = None
         self.connected: bool = False
         self.endpoint: str = ""
@@ -910,6 +917,11 @@ class JobView:
         else:
             text += f"no rank stands out ({len(groups)} group{'' if len(groups) == 1 else 's'}"
             text += " of stacks)"
+        traced = d.get("collectives")  # issue 22: every rank's flight recorder, analysed
+        suspects = rank_list(traced.get("suspects")) if isinstance(traced, dict) else []
+        if suspects:
+            text += (f"; collectives wait for rank{'s' if len(suspects) > 1 else ''} "
+                     f"{format_ranks(suspects)}")
         policy = d.get("policy")
         if policy in ("restart", "stop"):
             text += f"; --on-stall {policy}"
@@ -925,6 +937,36 @@ class JobView:
         request = d.get("request")
         self._note(ev, "stalled", text, "\n".join(lines),
                    request if isinstance(request, str) else "")
+
+    def _on_straggler(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        named = []
+        for item in record_list(d.get("ranks"), 64):
+            if not isinstance(item, dict):
+                continue
+            rank = _int(item.get("rank"), None)
+            ratio = _float(item.get("ratio"), None)
+            if rank is None or not 0 <= rank < MAX_VIEW_RANKS or ratio is None:
+                continue
+            host = _host(item.get("host"), str(item.get("node") or "?"))
+            named.append({"rank": rank, "host": host, "ratio": round(ratio, 2)})
+        named.sort(key=lambda x: x["rank"])
+        ranks = {x["rank"] for x in named}
+        for rank, rs in self.ranks.items():
+            if rs.state == SLOW and rank not in ranks:
+                rs.state = RUNNING
+            elif rank in ranks and rs.state == RUNNING:
+                rs.state = SLOW
+        self.stragglers = named
+        if not named:
+            self._note(ev, "straggler", "no straggler any more")
+            return
+        window = _float(d.get("window_s"), None)
+        text = "straggler" + ("s" if len(named) > 1 else "") + ": " + ", ".join(
+            f"rank {x['rank']} on {x['host']} ({x['ratio']:g}x the median compute time)"
+            for x in named[:8])
+        self._note(ev, "straggler", text,
+                   f"each rank's share of time outside collectives, against the job's median, "
+                   f"over windows of {_q(window)} s (torch's flight recorder, sampled)")
 
     def _on_workers_stopped(self, ev: Event, node: str, d: dict[str, Any]) -> None:
         for r in rank_list(d.get("ranks")):
@@ -947,6 +989,7 @@ class JobView:
             self.state = RESTARTING
         for rs in self.ranks.values():
             rs.state = RESTARTING
+        self.stragglers = []
         reason = d.get("reason") or "?"
         text = f"restarting ({reason}): {self.restarts_used}/{_q(self.max_restarts)} restarts used"
         if d.get("command_id"):
@@ -1029,6 +1072,7 @@ class JobView:
         EventType.WORKER_EXITED: _on_worker_exited,
         EventType.WORKER_TIMER_EXPIRED: _on_worker_timer_expired,
         EventType.STALLED: _on_stalled,
+        EventType.STRAGGLER: _on_straggler,
         EventType.WORKERS_STOPPED: _on_workers_stopped,
         EventType.GROUP_FAILED: _on_group_failed,
         EventType.RESTARTING: _on_restarting,

@@ -54,6 +54,8 @@ def _valid_commands() -> st.SearchStrategy[dict[str, str]]:
         st.tuples(st.just(CommandType.SIGNAL), st.fixed_dictionaries(
             {"rank": rank, "signal": st.sampled_from(sorted(CommandType.SIGNALS))})),
         st.tuples(st.just(CommandType.STACKS), st.just({}) | st.fixed_dictionaries({"rank": rank})),
+        st.tuples(st.just(CommandType.COLLECTIVES),
+                  st.just({}) | st.fixed_dictionaries({"rank": rank})),
     )
     return args.map(lambda ta: encode_command(Command(f"c-{ta[0]}-1", ta[0], "me@host",
                                                       args=ta[1])))
@@ -255,7 +257,7 @@ def test_a_console_asks_at_most_once_per_interval(live, redis_url, r, monkeypatc
 
     run(app, body)
     assert requests[0] == requests[1]  # the second press showed the first answer again
-    assert commands_sent(r, job_id) == before + 1
+    assert commands_sent(r, job_id) == before + 2  # one stacks, one collectives (issue 22)
 
 
 # -- finding 7: the agent reads the event stream a page at a time ---------------------------------

@@ -28,6 +28,8 @@ OURS_ONLY = {
     "ELASTIC_REDIS_URL",  # where the agent's Redis is (the torch store adapter uses it)
     "ELASTIC_JOB_ID",  # the job the worker belongs to
     "ELASTIC_STACKS",  # where the worker's faulthandler writes its stacks on request
+    "ELASTIC_RECORDER",  # the socket the worker's collective-trace thread serves (issue 22)
+    "TORCH_FR_BUFFER_SIZE",  # --flight-recorder: torch's flight recorder on (issue 22)
 }
 #: In both, with values that must differ.
 DIFFERENT = {

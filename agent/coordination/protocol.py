@@ -317,6 +317,21 @@ class JobKeys:
         return sorted(n for n in names if self.is_log_stream(n) and not n.startswith(self.prefix))
 
     @property
+    def collectives(self) -> str:
+        """Stream: one entry per rank answering a ``collectives`` request or capture: its
+        flight recorder, reduced (see ``encode_collective_reply``; issue 22)."""
+        return self._k("collectives")
+
+    def stragglers(self, round_: int) -> str:
+        """Sorted set (issue 22): global rank -> the share of its time that rank spent
+        outside collectives over the last sampling window of round ``round_`` (0..1: the slow
+        rank waits least), written by its node's agent each interval (ZADD of its own ranks:
+        O(ranks of the node)); read by the round's group rank 0 agent by index (ZCARD, the
+        median by ZRANGE, the top by ZREVRANGE: O(log N + k)). Expires three intervals after
+        its last write."""
+        return self._k(f"stragglers:{int(round_)}")
+
+    @property
     def stacks(self) -> str:
         """Stream: one entry per rank answering a stack request or capture (see
         ``encode_stack_reply``)."""
@@ -490,7 +505,9 @@ class EventType:
     # request (the capture's id on the stacks stream), idle_s, groups[{ranks, hosts, summary,
     # frames}] (at most 20, the odd ones first), odd_ranks[], odd_hosts[], policy
     # (observe|restart|stop), round: no rank of the job made progress for --stall-timeout
-    # (stall.py); written once per stall by the agent that claimed it (JobKeys.stall)
+    # (stall.py); written once per stall by the agent that claimed it (JobKeys.stall);
+    # collectives{request, suspects[], groups[], mismatches[]} when flight recorder traces
+    # were captured (coordination/collectives.py, issue 22)
     STALLED = "stalled"
     # Restart patterns (supervision/restart_patterns.py), each written once per restart by
     # the agent that claimed it. restarts, minutes, limit, rounds[]: >= limit restarts within
@@ -506,6 +523,10 @@ class EventType:
     # scheduler ("slurm"), slurm_restart_count: the scheduler requeued the job, which runs
     # again under its id; a job_stopped (issuer "the scheduler") before it is not its end
     JOB_REQUEUED = "job_requeued"
+    # ranks[{rank, host, node, ratio}] ascending by rank, window_s, threshold, round: ranks
+    # that spent at least `threshold` times the job's median share of their time outside
+    # collectives (computing) for two windows in a row (supervision/stragglers.py, issue 22)
+    STRAGGLER = "straggler"
 
     ALL = frozenset(
         {
@@ -513,7 +534,7 @@ class EventType:
             WORKER_EXITED, GROUP_FAILED, RESTARTING, WORKERS_STOPPED, JOB_SUCCEEDED,
             JOB_FAILED, JOB_STOPPED, COMMAND_ACK, LOGS_DROPPED, REDIS_STOPPING,
             WORKER_TIMER_EXPIRED, STALLED, RESTART_STORM, SUSPECT_NODE, NO_PROGRESS,
-            NODE_EXCLUDED, JOB_REQUEUED,
+            NODE_EXCLUDED, JOB_REQUEUED, STRAGGLER,
         }
     )
 
@@ -896,8 +917,11 @@ class CommandType:
     # args: {"rank": R} optional; read-only: every agent publishes its ranks' Python stacks on
     # JobKeys.stacks (request = the command id), then acks "done"
     STACKS = "stacks"
+    # args: {"rank": R} optional; read-only: every agent publishes its ranks' flight recorder
+    # traces on JobKeys.collectives (request = the command id), then acks "done" (issue 22)
+    COLLECTIVES = "collectives"
 
-    ALL = frozenset({STOP, RESTART, SIGNAL, STACKS})
+    ALL = frozenset({STOP, RESTART, SIGNAL, STACKS, COLLECTIVES})
     #: The signals a ``signal`` command may send (an allow-list: no SIGSTOP, no SIGUSR1 that a
     #: worker may use for its own purposes).
     SIGNALS = frozenset({"SIGTERM", "SIGKILL", "SIGINT"})
@@ -963,11 +987,11 @@ def decode_command(entry_id: str | bytes, fields: Mapping[Any, Any]) -> Command 
         # type first: a list or an object is unhashable, and ``in`` a frozenset would raise
         if type(sig) is not str or sig not in CommandType.SIGNALS:
             return f"signal must be one of {', '.join(sorted(CommandType.SIGNALS))}"
-    if command_type == CommandType.STACKS and args.get("rank") is not None \
-            and not is_rank(args.get("rank")):
-        return "stacks: args.rank must be a non-negative integer when given"
-    if command_type == CommandType.STACKS and not is_request_id(command_id):
-        return "stacks: the command id must be letters, digits, '.', '_', ':' or '-'"
+    if command_type in (CommandType.STACKS, CommandType.COLLECTIVES):
+        if args.get("rank") is not None and not is_rank(args.get("rank")):
+            return f"{command_type}: args.rank must be a non-negative integer when given"
+        if not is_request_id(command_id):
+            return f"{command_type}: the command id must be letters, digits, '.', '_', ':' or '-'"
     return Command(id=command_id, type=command_type, issuer=issuer, target=target, args=args,
                    entry_id=_str(entry_id))
 
@@ -1153,3 +1177,156 @@ def _str(value: Any) -> str:
 
 def _strs(fields: Mapping[Any, Any]) -> dict[str, str]:
     return {_str(k): _str(v) for k, v in fields.items()}
+
+
+# -- collective traces (issue 22) ---------------------------------------------------------
+
+#: One rank's reduced flight recorder, as a worker sends it and an agent publishes it (the
+#: worker cuts its oldest entries to fit: supervision/recorder_probe.py).
+MAX_TRACE_BYTES = 64 * 1024
+#: Entries and process groups a reader takes from one trace; members listed per group.
+MAX_TRACE_ENTRIES = 1024
+MAX_TRACE_GROUPS = 64
+MAX_TRACE_DIMS = 8
+COLLECTIVES_MAXLEN = 10_000
+
+
+class CollectiveEntry(NamedTuple):
+    """One collective a rank entered, as its flight recorder saw it."""
+
+    pg: str
+    seq: int
+    op: str
+    in_sizes: tuple[tuple[int, ...], ...]
+    out_sizes: tuple[tuple[int, ...], ...]
+    done: bool
+    t_ns: int = 0
+
+
+@dataclass(frozen=True)
+class CollectiveTrace:
+    """A rank's trace: the members of each process group it knows (group name -> global
+    ranks) and its newest collective entries, oldest first; ``error`` when it has none."""
+
+    groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    entries: tuple[CollectiveEntry, ...] = ()
+    error: str = ""
+    cut: bool = False
+
+
+def _sizes(value: Any) -> tuple[tuple[int, ...], ...]:
+    out = []
+    for shape in record_list(value, MAX_TRACE_DIMS):
+        dims = record_list(shape, MAX_TRACE_DIMS)
+        if not all(type(d) is int and 0 <= d < (1 << 62) for d in dims):
+            raise ProtocolError("a tensor size is not a list of non-negative integers")
+        out.append(tuple(dims))
+    return tuple(out)
+
+
+def decode_collective_trace(raw: str | bytes) -> CollectiveTrace:
+    """A trace from a worker or a reply (bounded, checked field by field); :class:`ProtocolError`
+    for anything that is not one."""
+    value = decode_json(raw, "collective trace", MAX_TRACE_BYTES)
+    if not isinstance(value, dict):
+        raise ProtocolError("collective trace is not an object")
+    error = value.get("error", "")
+    if not isinstance(error, str):
+        raise ProtocolError("collective trace error is not a string")
+    groups: dict[str, tuple[int, ...]] = {}
+    raw_groups = value.get("groups", {})
+    if not isinstance(raw_groups, dict):
+        raise ProtocolError("collective trace groups are not an object")
+    for name, members in list(raw_groups.items())[:MAX_TRACE_GROUPS]:
+        if len(name) > MAX_NAME_CHARS:
+            raise ProtocolError("a process group name is too long")
+        groups[name] = tuple(sorted(set(rank_list(members))))
+    entries = []
+    for e in record_list(value.get("entries", []), MAX_TRACE_ENTRIES):
+        if not isinstance(e, dict):
+            raise ProtocolError("a collective entry is not an object")
+        pg, op = e.get("pg", ""), e.get("op", "")
+        seq, t_ns = e.get("seq", 0), e.get("t_ns", 0)
+        if not (isinstance(pg, str) and isinstance(op, str) and len(pg) <= MAX_NAME_CHARS
+                and len(op) <= MAX_NAME_CHARS and type(seq) is int and 0 <= seq < (1 << 62)
+                and type(t_ns) is int and 0 <= t_ns < (1 << 63)):
+            raise ProtocolError("a collective entry has a bad pg, op, seq or time")
+        entries.append(CollectiveEntry(pg, seq, op, _sizes(e.get("in")), _sizes(e.get("out")),
+                                       e.get("done") is True, t_ns))
+    return CollectiveTrace(groups, tuple(entries), error[:MAX_STACK_ERROR_CHARS],
+                           value.get("cut") is True)
+
+
+def encode_collective_trace(trace: CollectiveTrace) -> str:
+    """The JSON of a trace, as :func:`decode_collective_trace` reads it."""
+    return json.dumps({
+        "groups": {k: list(v) for k, v in trace.groups.items()},
+        "entries": [{"pg": e.pg, "seq": e.seq, "op": e.op, "in": [list(s) for s in e.in_sizes],
+                     "out": [list(s) for s in e.out_sizes], "done": e.done, "t_ns": e.t_ns}
+                    for e in trace.entries],
+        "error": trace.error, "cut": trace.cut}, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class CollectiveReply:
+    """One rank's answer to a ``collectives`` request (``trace.error`` says why it is empty)."""
+
+    request: str
+    node: str
+    host: str
+    rank: int
+    pid: int
+    trace: CollectiveTrace
+    id: str = ""
+
+
+def encode_collective_reply(reply: CollectiveReply) -> dict[str, str]:
+    """Stream fields of a reply. A trace that does not fit ``MAX_TRACE_BYTES`` loses its
+    oldest entries (``cut``)."""
+    trace = reply.trace
+    text = encode_collective_trace(trace)
+    while len(text.encode()) > MAX_TRACE_BYTES and trace.entries:
+        trace = CollectiveTrace(trace.groups, trace.entries[len(trace.entries) // 4 + 1:],
+                                trace.error, True)
+        text = encode_collective_trace(trace)
+    if len(text.encode()) > MAX_TRACE_BYTES:
+        text = encode_collective_trace(CollectiveTrace(error="the trace is too large"))
+    return {"v": str(PROTOCOL_VERSION), "request": reply.request,
+            "node": reply.node[:MAX_NAME_CHARS], "host": reply.host[:MAX_NAME_CHARS],
+            "rank": str(reply.rank), "pid": str(reply.pid), "trace": text}
+
+
+def decode_collective_reply(entry_id: str | bytes,
+                            fields: Mapping[Any, Any]) -> CollectiveReply | None:
+    """Decode a collectives reply; ``None`` for a malformed one or an unknown version (the
+    trace's size is checked before it is decoded)."""
+    try:
+        raw = fields.get(b"trace", fields.get("trace", ""))
+        if len(raw) > MAX_TRACE_BYTES:
+            return None
+        f = _strs(fields)
+        request, node, host = f.get("request", ""), f.get("node", ""), f.get("host", "")
+        if (record_version(f) is None or not _REQUEST_RE.fullmatch(request)
+                or len(node) > MAX_NAME_CHARS or len(host) > MAX_NAME_CHARS):
+            return None
+        rank, pid = _small_int(f["rank"]), _small_int(f.get("pid", "0"))
+        trace = decode_collective_trace(f.get("trace", ""))
+    except (KeyError, ValueError, TypeError, AttributeError):  # ProtocolError is a ValueError
+        return None
+    if not is_rank(rank) or not 0 <= pid < (1 << 31):
+        return None
+    return CollectiveReply(request, node, host, rank, pid, trace, _str(entry_id))
+
+
+def decode_busy_sample(raw: str | bytes) -> tuple[int, int, float]:
+    """A worker's sampler reply: ``(samples, samples inside a collective, window seconds)``;
+    :class:`ProtocolError` for anything else."""
+    value = decode_json(raw, "recorder sample", 4096)
+    if not isinstance(value, dict):
+        raise ProtocolError("recorder sample is not an object")
+    n, busy, window = value.get("samples"), value.get("busy"), value.get("window_s")
+    if not (type(n) is int and type(busy) is int and 0 <= busy <= n < (1 << 40)
+            and isinstance(window, (int, float)) and type(window) is not bool
+            and 0 <= window < 1e9):
+        raise ProtocolError("recorder sample has bad counts")
+    return n, busy, float(window)

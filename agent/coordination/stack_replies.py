@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from .protocol import (
     COMMANDS_MAXLEN,
@@ -35,6 +35,8 @@ from .protocol import (
     is_request_id,
 )
 from .stack_dumps import RankStack, parse_faulthandler
+
+T = TypeVar("T")
 
 #: Entries per XREAD; a reply is one rank, up to 256 KiB of text: a read holds at most
 #: ~32 MiB (32,768 ranks: 256 reads).
@@ -66,7 +68,7 @@ async def current_round(client: Any, job_id: str) -> RoundInfo | None:
         return None
 
 
-def _hosts_by_rank(info: RoundInfo | None) -> dict[int, tuple[str, str]]:
+def hosts_by_rank(info: RoundInfo | None) -> dict[int, tuple[str, str]]:
     """global rank -> (node, host) from the round's placement (nodes in group-rank order)."""
     out: dict[int, tuple[str, str]] = {}
     if info is None:
@@ -97,22 +99,46 @@ async def read_stack_replies(client: Any, job_id: str, request_id: str,
     ``timeout`` seconds passed. A rank without a reply gets an error.
     ``on_reply(answered, expected)`` follows the progress. ``client`` must block longer than
     ``BLOCK_MS`` (a reader client)."""
+    def decode(entry_id: Any, fields: Any) -> tuple[str, int, RankStack] | None:
+        reply = decode_stack_reply(entry_id, fields)
+        return None if reply is None else (reply.request, reply.rank, rank_stack(reply))
+
+    def missing(rank: int, node: str, host: str, why: str) -> RankStack:
+        return RankStack(rank, node, host, 0, (), why)
+
+    return await read_replies(
+        client, job_id, request_id, JobKeys(job_id).stacks, decode, missing, expected_ranks,
+        timeout, since=since, events_since=events_since, info=info,
+        expected_nodes=expected_nodes, on_reply=on_reply)
+
+
+async def read_replies(client: Any, job_id: str, request_id: str, stream: str,
+                       decode: Callable[[Any, Any], tuple[str, int, T] | None],
+                       missing: Callable[[int, str, str, str], T],
+                       expected_ranks: Iterable[int] | None, timeout: float, *,
+                       since: str = "0-0", events_since: str | None = None,
+                       info: RoundInfo | None = None,
+                       expected_nodes: Iterable[str] | None = None,
+                       on_reply: Callable[[int, int], None] | None = None) -> list[T]:
+    """:func:`read_stack_replies` for any per-rank reply stream: ``decode(entry_id, fields)``
+    gives ``(request, rank, value)`` or None (the guarded decoder of ``protocol``);
+    ``missing(rank, node, host, why)`` the value of a rank that did not answer."""
     if not is_request_id(request_id):
-        raise ValueError(f"{request_id!r} is not a stack request id")
+        raise ValueError(f"{request_id!r} is not a request id")
     keys = JobKeys(job_id)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max(0.0, timeout)
     if info is None:
         info = await current_round(client, job_id)
-    placement = _hosts_by_rank(info)
+    placement = hosts_by_rank(info)
     if expected_ranks is None:
         wanted = set(range(info.total_workers)) if info is not None else set()
     else:
         wanted = set(expected_ranks)
     nodes = set(expected_nodes) if expected_nodes is not None else set()
-    got: dict[int, RankStack] = {}
+    got: dict[int, T] = {}
     acked: set[str] = set()
-    streams = {keys.stacks: since}
+    streams = {stream: since}
     if nodes:  # each stream has its own ids: the events are read from their own present
         streams[keys.events] = events_since or since
 
@@ -125,12 +151,12 @@ async def read_stack_replies(client: Any, job_id: str, request_id: str,
                         and ev.data.get("command_id") == request_id and ev.node in nodes):
                     acked.add(ev.node)
                 continue
-            reply = decode_stack_reply(entry_id, fields)
-            if reply is None or reply.request != request_id or reply.rank in got:
+            decoded = decode(entry_id, fields)
+            if decoded is None or decoded[0] != request_id or decoded[1] in got:
                 continue
-            if wanted and reply.rank not in wanted:
+            if wanted and decoded[1] not in wanted:
                 continue
-            got[reply.rank] = rank_stack(reply)
+            got[decoded[1]] = decoded[2]
             if on_reply is not None:
                 on_reply(len(got), len(wanted))
 
@@ -144,15 +170,36 @@ async def read_stack_replies(client: Any, job_id: str, request_id: str,
             take(_s(key), entries)
     if nodes and nodes <= acked:
         # The acks came: replies published before them may still be in this batch's tail.
-        reply = await client.xread({keys.stacks: streams[keys.stacks]}, count=READ_COUNT)
+        reply = await client.xread({stream: streams[stream]}, count=READ_COUNT)
         for key, entries in reply or ():
             take(_s(key), entries)
     for rank in sorted(wanted - got.keys()):
         node, host = placement.get(rank, ("", ""))
         why = ("its agent answered without it" if node and node in acked
                else f"no answer within {timeout:g} s")
-        got[rank] = RankStack(rank, node, host, 0, (), why)
+        got[rank] = missing(rank, node, host, why)
     return [got[r] for r in sorted(got)]
+
+
+async def send_request(client: Any, job_id: str, issuer: str, command_type: str,
+                       rank: int | None = None,
+                       ) -> tuple[str, RoundInfo | None, str, str, list[str] | None]:
+    """Append a per-rank request command (``stacks``, ``collectives``): ``(request id, the
+    round, the stream's and the events' newest ids before it, the round's nodes)``."""
+    keys = JobKeys(job_id)
+    info = await current_round(client, job_id)
+    stream = keys.stacks if command_type == CommandType.STACKS else keys.collectives
+    newest = await client.xrevrange(stream, count=1)
+    since = _s(newest[0][0]) if newest else "0-0"
+    newest_event = await client.xrevrange(keys.events, count=1)
+    since_event = _s(newest_event[0][0]) if newest_event else "0-0"
+    request_id = f"c-{uuid.uuid4().hex[:12]}"
+    args = {} if rank is None else {"rank": rank}
+    await client.xadd(keys.commands, encode_command(Command(
+        request_id, command_type, issuer, args=args)),
+        maxlen=COMMANDS_MAXLEN, approximate=True)
+    nodes = [str(n["node"]) for n in info.nodes] if info is not None else None
+    return request_id, info, since, since_event, nodes
 
 
 async def request_stacks(client: Any, job_id: str, issuer: str, rank: int | None = None,
@@ -161,18 +208,8 @@ async def request_stacks(client: Any, job_id: str, issuer: str, rank: int | None
                          ) -> tuple[str, list[RankStack]]:
     """Send a ``stacks`` command (for one ``rank``, or every rank) and collect the replies:
     ``(request_id, stacks by rank)``. Raises redis errors and OSError for the caller to word."""
-    keys = JobKeys(job_id)
-    info = await current_round(client, job_id)
-    newest = await client.xrevrange(keys.stacks, count=1)
-    since = _s(newest[0][0]) if newest else "0-0"
-    newest_event = await client.xrevrange(keys.events, count=1)
-    since_event = _s(newest_event[0][0]) if newest_event else "0-0"
-    request_id = f"c-{uuid.uuid4().hex[:12]}"
-    args = {} if rank is None else {"rank": rank}
-    await client.xadd(keys.commands, encode_command(Command(
-        request_id, CommandType.STACKS, issuer, args=args)),
-        maxlen=COMMANDS_MAXLEN, approximate=True)
-    nodes = [str(n["node"]) for n in info.nodes] if info is not None else None
+    request_id, info, since, since_event, nodes = await send_request(
+        client, job_id, issuer, CommandType.STACKS, rank)
     stacks = await read_stack_replies(
         client, job_id, request_id, None if rank is None else [rank], timeout, since=since,
         events_since=since_event, info=info, expected_nodes=nodes, on_reply=on_reply)

@@ -29,6 +29,8 @@ from ..coordination.protocol import InvalidJobIdError, validate_job_id
 from ..coordination.rendezvous import RendezvousSettings
 from . import restart_patterns
 from .logs import parse_local_ranks_filter, parse_std_spec
+from .recorder import DEFAULT_ENTRIES as DEFAULT_FLIGHT_RECORDER
+from .recorder import DEFAULT_STRAGGLER_INTERVAL
 from .restart_patterns import PatternSettings
 from .retention import DEFAULT_RETENTION_S, parse_duration
 from .slurm import SlurmEnvError, SlurmStep, check_one_task_per_node, gpus_per_node, read_step
@@ -91,6 +93,11 @@ class AgentConfig:
     retention_s: float = DEFAULT_RETENTION_S
     #: --stack-signal: Python workers dump every thread's stack on it (None: off, issue 13).
     stack_signal: int | None = DEFAULT_STACK_SIGNAL
+    #: --flight-recorder: torch's flight recorder entries per worker, read by
+    #: `elastic-console collectives` and the stall report (0: off; issue 22).
+    flight_recorder: int = DEFAULT_FLIGHT_RECORDER
+    #: --straggler-interval: seconds between the slow-rank checks (0: off; issue 22).
+    straggler_interval: float = DEFAULT_STRAGGLER_INTERVAL
     #: --stall-timeout: seconds without progress of any rank before the job is stalled (0: off).
     stall_timeout: float = 300.0
     #: --on-stall: observe (report it), restart (the worker group, spending a restart) or stop.
@@ -249,6 +256,15 @@ def build_parser() -> argparse.ArgumentParser:
       help="real-time signal on which Python workers write every thread's stack for "
       "`elastic-console stacks` (faulthandler, registered before the script runs: no ptrace, "
       "no root); SIGRTMIN+N, SIGRTMAX-N, a number, or off (default SIGRTMIN+4)")
+    a(*_both("flight-recorder"), dest="flight_recorder", default=str(DEFAULT_FLIGHT_RECORDER),
+      metavar="N", help="torch's flight recorder keeps each worker's newest N collectives "
+      "(TORCH_FR_BUFFER_SIZE, unless set), read by `elastic-console collectives` and the "
+      f"stall report; 0: off (default {DEFAULT_FLIGHT_RECORDER})")
+    a(*_both("straggler-interval"), dest="straggler_interval",
+      default=f"{DEFAULT_STRAGGLER_INTERVAL:g}", metavar="S",
+      help="every S seconds each rank's time outside collectives is compared with the job's "
+      "median; a rank persistently slower gets a `straggler` event (needs --flight-recorder; "
+      f"0: off; default {DEFAULT_STRAGGLER_INTERVAL:g})")
     a(*_both("stall-timeout"), dest="stall_timeout", default="300", metavar="S",
       help="the job is stalled when no rank printed a line or used CPU for S seconds: every "
       "rank's stacks are captured and a `stalled` event names the odd ranks (0: off; "
@@ -633,6 +649,15 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
         cfg = replace(cfg, stack_signal=parse_stack_signal(ns.stack_signal))
     except ValueError as exc:
         raise UsageError(f"--stack-signal: {exc}") from None
+    entries = _number(ns.flight_recorder, "--flight-recorder", int)
+    if not 0 <= entries <= 1_000_000:
+        raise UsageError(f"--flight-recorder {ns.flight_recorder!r}: a number of entries from "
+                         "0 (off) to 1000000")
+    interval = float(_number(ns.straggler_interval, "--straggler-interval", float))
+    if not (interval == 0 or 0.5 <= interval <= 86_400):
+        raise UsageError(f"--straggler-interval {ns.straggler_interval!r}: 0 (off) or 0.5 to "
+                         "86400 seconds")
+    cfg = replace(cfg, flight_recorder=entries, straggler_interval=interval)
     stall_timeout = float(_number(ns.stall_timeout, "--stall-timeout", float))
     if not 0 <= stall_timeout <= 1e9:  # (NaN and infinity fail this too)
         raise UsageError(f"--stall-timeout {ns.stall_timeout!r} is not a number of seconds")

@@ -63,7 +63,7 @@ from ..coordination.rendezvous import (
 from ..coordination.store import StoreTimeoutError, barrier
 from ..coordination.stream_mux import StreamMux
 from ..coordination.text import terminal_line
-from . import pages, run_summary, scheduler
+from . import pages, recorder, run_summary, scheduler
 from .commands import CommandReader, Rejected, stacks_limit, stacks_refused
 from .config import AgentConfig
 from .events import EventSink, ResourceSampler, RestartClock
@@ -81,6 +81,7 @@ from .restart_patterns import DO_NOT_REQUEUE, Patterns
 from .retention import JobRetention
 from .stacks import StackCollector
 from .stall import Stall, StallWatch
+from .stragglers import StragglerWatch
 from .watchdog import Watchdog
 from .workers import (
     GroupResult,
@@ -199,10 +200,13 @@ class ElasticAgent:
                        max_restarts=config.max_restarts, run_id=config.job_id,
                        redis_url=config.endpoint.url, job_id=config.job_id,
                        log_dir=config.log_dir, shutdown_timeout=config.shutdown_timeout,
-                       extra_env=config.extra_env, virtual_local_rank=config.virtual_local_rank,
+                       extra_env={**recorder.worker_env(config.flight_recorder, os.environ),
+                                  **config.extra_env},
+                       virtual_local_rank=config.virtual_local_rank,
                        numa_binding=config.numa_binding, preload=config.preload,
                        preload_auto=config.preload_auto,
                        stack_signal=config.stack_signal,
+                       flight_recorder=config.flight_recorder,
                        logs_specs=_logs_specs_plugin(config),
                        signals_to_handle=",".join(signal.Signals(n).name
                                                   for n in config.signals_to_handle)),
@@ -212,6 +216,14 @@ class ElasticAgent:
                                      self.host)
         self._stack_tasks: set[asyncio.Task[None]] = set()
         self._stacks_limit = stacks_limit()
+        #: Issue 22: the workers' flight recorders, on request and before any stop.
+        self.recorder = recorder.RecorderCollector(self.group, self._client, config.job_id,
+                                                   self.node_id, self.host)
+        self._collectives_limit = stacks_limit()
+        #: Issue 22: slow ranks (stragglers.py); None with --straggler-interval 0 or no recorder.
+        self.stragglers = StragglerWatch(
+            self._client, config.job_id, config.straggler_interval, self.events.emit,
+        ) if config.straggler_interval > 0 and config.flight_recorder > 0 else None
         self._evidence: dict[str, Any] | None = None
         self.sampler = ResourceSampler(self._client, config.job_id, self.node_id)
         self.records = JobRecords(self._client, config.job_id, self.node_logs.stream_key)
@@ -531,6 +543,7 @@ class ElasticAgent:
         watch = asyncio.ensure_future(self._watch_membership())
         fence = asyncio.ensure_future(self.fence.watch(self._round.result.group_world_size))
         stalled = asyncio.ensure_future(self._watch_stall())
+        slow = asyncio.ensure_future(self._watch_stragglers())
         try:
             while True:
                 action = asyncio.ensure_future(self._actions.get())
@@ -558,7 +571,7 @@ class ElasticAgent:
                     return Outcome.STALLED, stalled.result()
                 return watch.result()
         finally:
-            for t in (group, watch, fence, stalled):
+            for t in (group, watch, fence, stalled, slow):
                 t.cancel()
 
     async def _watch_stall(self) -> Stall:
@@ -568,6 +581,14 @@ class ElasticAgent:
         assert self.stall is not None and self._round is not None
         r = self._round
         return await self.stall.watch(r.result.round, r.started_ms, lambda: self.group.workers)
+
+    async def _watch_stragglers(self) -> None:
+        """Runs until cancelled with the monitor (issue 22)."""
+        if self.stragglers is None or self._round is None:
+            return
+        r = self._round.result
+        await self.stragglers.watch(r.round, r.group_rank, lambda: recorder.ask_all(
+            self.group.recorder_targets(), "sample"))
 
     def _restart_still_due(self, cmd: Command) -> bool:
         # A restart issued before the current round formed has been done already (another
@@ -675,9 +696,13 @@ class ElasticAgent:
         ranks = [w.global_rank for w in self.group.workers]
         # Evidence before the kill: whatever stops the workers, the survivors' stacks are
         # captured first (2 s at most), so a restart never destroys where they were.
-        self._evidence = await self.stacks.evidence(f"stop-{self._attempt}")
+        self._evidence, collectives = await asyncio.gather(
+            self.stacks.evidence(f"stop-{self._attempt}"),
+            self.recorder.evidence(f"stop-{self._attempt}"))
         self._mark("evidence")
-        extra = {"stacks": self._evidence} if self._evidence else {}
+        extra: dict[str, Any] = {"stacks": self._evidence} if self._evidence else {}
+        if collectives:
+            extra["collectives"] = collectives
         self.fence.kill()  # frozen workers never run again: others may hold their ranks
         await self.group.stop()
         self._mark("stopped")
@@ -1044,6 +1069,16 @@ class ElasticAgent:
             # Read-only and up to 2 s: answered beside the command loop, which stays free
             # for a stop that comes meanwhile.
             task = asyncio.create_task(self._answer_stacks(cmd), name="stacks")
+            self._stack_tasks.add(task)
+            task.add_done_callback(self._stack_tasks.discard)
+            return
+        if cmd.type == CommandType.COLLECTIVES:
+            if wait := self._collectives_limit.take():
+                self._ack(cmd.id, "rejected", stacks_refused(wait))
+                return
+            mine = {w.global_rank for w in self.group.workers} if self._round else set()
+            task = asyncio.create_task(self.recorder.answer(cmd, mine, self._ack),
+                                       name="collectives")
             self._stack_tasks.add(task)
             task.add_done_callback(self._stack_tasks.discard)
             return

@@ -98,6 +98,8 @@ NOT_RUNNING = "worker not running"
 NO_HANDLER = "no stack handler (the worker is still starting, or replaced its program)"
 
 _ZYGOTE_FILE = os.path.abspath(zygote.__file__)
+#: The worker's collective-trace thread (issue 22): the agent's, not the job's; left out.
+_PROBE_FILE = os.path.join(os.path.dirname(_ZYGOTE_FILE), "recorder_probe.py")
 _RT_RE = re.compile(r"(?:SIG)?RT(MIN|MAX)(?:([+-])(\d{1,2}))?")
 
 
@@ -376,7 +378,8 @@ def to_rank_stack(dump: LocalDump, node: str, host: str) -> RankStack:
         return RankStack(dump.rank, node, host, dump.pid, (), dump.error)
     threads = tuple(ThreadStack(t.thread_id, t.current,
                                 tuple(f for f in t.frames if not _ours(f)))
-                    for t in parse_faulthandler(dump.text))
+                    for t in parse_faulthandler(dump.text)
+                    if not any(f.file == _PROBE_FILE for f in t.frames))
     return RankStack(dump.rank, node, host, dump.pid, threads)
 
 

@@ -49,7 +49,7 @@ from typing import Any
 import psutil
 import redis
 
-from ..coordination import stack_replies
+from ..coordination import collective_replies, collectives, stack_replies
 from ..coordination.protocol import EventType, JobKeys
 from ..coordination.stack_dumps import StackGroup, format_ranks, group_record, group_stacks
 
@@ -227,7 +227,8 @@ class StallWatch:
     def __init__(self, client: Any, reader: Any, job_id: str, node_id: str, host: str,
                  timeout_s: float, policy: str, last_output: Mapping[int, float],
                  emit: Callable[..., Any],
-                 request_stacks: Callable[..., Any] | None = None) -> None:
+                 request_stacks: Callable[..., Any] | None = None,
+                 request_collectives: Callable[..., Any] | None = None) -> None:
         self.client = client
         # EVALSHA: Redis hashes a script's whole text on every EVAL.
         self._report_and_claim = client.register_script(_REPORT_AND_CLAIM)
@@ -245,6 +246,8 @@ class StallWatch:
         self.jitter_ms = min(JITTER_MS, self.timeout_ms // 4)
         self.emit = emit
         self._request_stacks = request_stacks or stack_replies.request_stacks
+        self._request_collectives = (request_collectives
+                                     or collective_replies.request_collectives)
 
     async def watch(self, round_: int, started_ms: int,
                     workers: Callable[[], Iterable[Any]]) -> Stall:
@@ -285,6 +288,20 @@ class StallWatch:
         claimed, idle, newest = (int(x) for x in reply)
         return bool(claimed), idle, newest
 
+    async def _collectives(self) -> dict[str, Any] | None:
+        """Every rank's flight recorder, analysed (issue 22); None when no rank has one."""
+        try:
+            request, traces = await self._request_collectives(
+                self.reader, self.job_id, f"stall-detector@{self.host}",
+                timeout=CAPTURE_TIMEOUT_S)
+        except Exception as exc:  # the event goes out without them rather than not at all
+            log.warning("stall: capturing the collective traces failed: %s", exc)
+            return None
+        analysis = collectives.analyse(traces)
+        if not analysis["answered"]:
+            return None
+        return collectives.event_record(analysis, request)
+
     async def _report(self, idle_ms: int, round_: int) -> dict[str, Any]:
         """Capture every rank's stacks and publish the ``stalled`` event; its data."""
         request, stacks = "", []
@@ -295,5 +312,8 @@ class StallWatch:
         except Exception as exc:  # the event goes out without stacks rather than not at all
             log.warning("stall: capturing the stacks failed: %s", exc)
         data = stalled_event_data(group_stacks(stacks), request, idle_ms, self.policy, round_)
+        traced = await self._collectives()
+        if traced is not None:
+            data["collectives"] = traced
         self.emit(EventType.STALLED, **data)
         return data

@@ -51,7 +51,7 @@ from typing import Any
 import psutil
 
 from elastic_agent.coordination import protocol
-from elastic_agent.supervision import keeper, stacks, zygote
+from elastic_agent.supervision import keeper, recorder, stacks, zygote
 from elastic_agent.supervision.logs import (
     LogPathError,
     NodeLogs,
@@ -126,6 +126,9 @@ class WorkerSpec:
     logs_specs: Any = None
     #: ``--stack-signal``: the signal Python workers dump their stacks on (None: off).
     stack_signal: int | None = stacks.DEFAULT_SIGNAL
+    #: ``--flight-recorder``: entries of torch's flight recorder per worker; > 0 also links a
+    #: Python worker's trace thread to the agent (:mod:`.recorder`, issue 22).
+    flight_recorder: int = 0
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
@@ -213,6 +216,8 @@ def worker_env(spec: WorkerSpec, assignment: RankAssignment, local_rank: int,
     if _stacks_on(spec):
         env.update(stacks.worker_vars(spec.stack_signal,
                                       _stacks_fifo(spec, assignment, local_rank)))
+    if _recorder_on(spec):
+        env[zygote.RECORDER_ENV] = str(_recorder_socket(spec, assignment, local_rank))
     if spec.virtual_local_rank:
         # torch's LocalElasticAgent: each worker sees only its own GPU, as device 0.
         visible = (base_env if base_env is not None else os.environ).get("CUDA_VISIBLE_DEVICES")
@@ -226,7 +231,8 @@ def worker_argv(spec: WorkerSpec, local_rank: int) -> list[str]:
     """The worker's command line: the entrypoint, wrapped in numactl by torch's own rules
     under ``--numa-binding`` (torch imported only then); a Python worker is started through
     the stack handler's bootstrap (:func:`.stacks.boot_argv`)."""
-    entrypoint = stacks.boot_argv(spec.entrypoint) if _stacks_on(spec) else spec.entrypoint
+    entrypoint = (stacks.boot_argv(spec.entrypoint) if _stacks_on(spec) or _recorder_on(spec)
+                  else spec.entrypoint)
     if spec.numa_binding is None:
         return list(entrypoint)
     from ..coordination.torch_compat import numa_bound_argv
@@ -236,6 +242,14 @@ def worker_argv(spec: WorkerSpec, local_rank: int) -> list[str]:
 
 def _stacks_on(spec: WorkerSpec) -> bool:
     return spec.stack_signal is not None and stacks.is_python_entrypoint(spec.entrypoint)
+
+
+def _recorder_on(spec: WorkerSpec) -> bool:
+    return spec.flight_recorder > 0 and stacks.is_python_entrypoint(spec.entrypoint)
+
+
+def _recorder_socket(spec: WorkerSpec, assignment: RankAssignment, local_rank: int) -> Path:
+    return recorder.socket_path(f"{spec.log_dir}|{assignment.attempt}|{local_rank}")
 
 
 def _stacks_fifo(spec: WorkerSpec, assignment: RankAssignment, local_rank: int) -> Path:
@@ -306,7 +320,7 @@ class GroupResult:
 
 class _Worker:
     __slots__ = ("error_file", "exit", "exited", "global_rank", "local_rank", "logs", "pid",
-                 "pipe_inodes", "pipes", "stacks")
+                 "pipe_inodes", "pipes", "recorder", "stacks")
 
     def __init__(self, local_rank: int, global_rank: int, error_file: Path,
                  logs: WorkerLogs, exited: asyncio.Future[int]) -> None:
@@ -320,6 +334,7 @@ class _Worker:
         self.pipes: list[asyncio.ReadTransport] = []
         self.pipe_inodes: set[int] = set()
         self.stacks: stacks.StackPipe | None = None
+        self.recorder: recorder.RecorderLink | None = None
 
 
 class _PipeProtocol(asyncio.Protocol):
@@ -544,6 +559,7 @@ class WorkerGroup:
             self._workers.append(worker)
             exited.add_done_callback(lambda fut, w=worker: self._on_exited(w, fut))
             worker.stacks = await self._open_stacks(assignment, local_rank)
+            worker.recorder = await self._open_recorder(assignment, local_rank)
         self.start_marks = {}
         self._keeper = await self._start_keeper(loop, assignment)
         self.start_marks["keeper"] = time.monotonic()
@@ -813,6 +829,8 @@ class WorkerGroup:
                 pipe.close()
             if unused.stacks is not None:
                 unused.stacks.close()
+            if unused.recorder is not None:
+                unused.recorder.close()
             unused.logs.close()
         del self._workers[worker.local_rank + 1:]
         worker.exited.set_result(-1)
@@ -959,6 +977,27 @@ class WorkerGroup:
             log.warning("no stacks for local rank %d (%s): %s", local_rank, fifo, exc)
             return None
 
+    async def _open_recorder(self, assignment: RankAssignment,
+                             local_rank: int) -> recorder.RecorderLink | None:
+        """The rank's recorder socket (issue 22); None when off or when it cannot be made
+        (the worker still starts, without it)."""
+        if not _recorder_on(self.spec):
+            return None
+        path = _recorder_socket(self.spec, assignment, local_rank)
+        try:
+            return await recorder.RecorderLink.listen(path)
+        except OSError as exc:
+            log.warning("no collective traces for local rank %d (%s): %s", local_rank, path, exc)
+            return None
+
+    def recorder_targets(self, ranks: Iterable[int] | None = None,
+                         ) -> list[tuple[int, int, recorder.RecorderLink | None]]:
+        """``(rank, pid, link)`` of the live workers of the current attempt (``ranks``: only
+        those), for :func:`.recorder.ask_all`."""
+        wanted = None if ranks is None else set(ranks)
+        return [(w.global_rank, w.pid, w.recorder) for w in self._workers
+                if (wanted is None or w.global_rank in wanted) and w.pid and not w.exited.done()]
+
     async def dump_stacks(self, ranks: Iterable[int] | None = None,
                           timeout: float = stacks.ANSWER_TIMEOUT,
                           live_only: bool = False) -> list[stacks.LocalDump]:
@@ -1045,6 +1084,8 @@ class WorkerGroup:
             await self._wait_gone(late, KILL_WAIT)
             await self._drain()
             for w in self._workers:
+                if w.recorder is not None:
+                    w.recorder.close()
                 if w.stacks is not None:
                     w.stacks.close()
                     if self.assignment is not None:

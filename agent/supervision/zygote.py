@@ -94,10 +94,13 @@ LAUNCHER_VARS = frozenset({
     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
     "TORCHELASTIC_ERROR_FILE", "ELASTIC_REDIS_URL", "ELASTIC_JOB_ID", "CUDA_VISIBLE_DEVICES",
-    "ELASTIC_STACKS", "TORCHELASTIC_SIGNALS_TO_HANDLE",
+    "ELASTIC_STACKS", "TORCHELASTIC_SIGNALS_TO_HANDLE", "ELASTIC_RECORDER",
 })
 #: ``SIGNUM:FIFO``: where a worker's stack handler writes (see supervision/stacks.py).
 STACKS_ENV = "ELASTIC_STACKS"
+#: ``PATH``: the agent's socket a worker's collective-trace thread serves (issue 22,
+#: supervision/recorder_probe.py).
+RECORDER_ENV = "ELASTIC_RECORDER"
 #: ``python -u zygote.py --worker SCRIPT|-m MODULE|-c CODE ARGS``: the exec path's worker,
 #: started through the same code as a forked one (:func:`_run_worker`), minus the preload.
 WORKER_FLAG = "--worker"
@@ -462,6 +465,27 @@ def arm_stacks(env: Mapping[str, str]) -> None:
         os.close(fd)
 
 
+def arm_recorder(env: Mapping[str, str]) -> None:
+    """Start the thread that answers the agent's collective-trace requests (loaded by path,
+    as the keeper is: the bootstrap has no package on its path). Never fails the worker."""
+    path = env.get(RECORDER_ENV, "")
+    if not path:
+        return
+    try:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "_elastic_agent_recorder_probe",
+            os.path.join(os.path.dirname(os.path.abspath(_HERE)), "recorder_probe.py"))
+        if spec is None or spec.loader is None:
+            return
+        probe = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(probe)
+        probe.arm(path)
+    except Exception:
+        return
+
+
 def worker_recipe(args: Sequence[str]) -> tuple[str, str, list[str]]:
     """``--worker``'s arguments -> what :func:`_become` runs."""
     if args[0] in ("-m", "-c"):
@@ -527,6 +551,7 @@ def _become(exc: BecomeWorker) -> None:
 
 def _run_worker(exc: BecomeWorker) -> None:
     arm_stacks(exc.env)
+    arm_recorder(exc.env)
     try:
         _become(exc)
     except (SystemExit, KeyboardInterrupt):

@@ -49,6 +49,7 @@ RANK_STATE_STYLES: dict[str, Style] = {
     "stopped": Style(color="yellow"),
     "stalled": Style(color="magenta", bold=True),  # the odd ranks of a stall
     "waiting": Style(color="magenta"),  # the ranks of a stall waiting for them
+    "slow": Style(color="yellow", bold=True),  # a straggler (issue 22)
 }
 
 

@@ -125,8 +125,8 @@ def fit_columns(width: int, spec: tuple[tuple[str, str, int, bool], ...] = COLUM
 
 
 ROW_WIDTH = row_width(ALL_COLUMNS)
-_STATE_ORDER = {"failed": 0, "stalled": 1, "restarting": 2, "waiting": 3, "stopped": 4,
-                "running": 5, "exited": 6}
+_STATE_ORDER = {"failed": 0, "stalled": 1, "slow": 2, "restarting": 2, "waiting": 3,
+                "stopped": 4, "running": 5, "exited": 6}
 _EXIT_BAD = Style(color="red")
 _DIM = Style(dim=True)
 _NO_STYLE = Style()

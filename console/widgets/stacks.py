@@ -9,6 +9,11 @@ waits on it: "waiting for N ranks…" while the agents answer, then the groups.
 ``StacksScreen(endpoint, job, request_id=ID)`` shows a capture that already exists (a stall's,
 the evidence taken before a stop) by its id, without asking the job again.
 
+Below the status line, the collectives (issue 22): every rank's flight recorder, asked at
+the same time in its own worker (:func:`..collective_view.fetch_collectives`), summarised in
+a few lines: the suspects (the ranks the others wait for), then each process group's
+positions. Python stacks that are all alike still show there which rank is elsewhere.
+
 All text came from workers: labels are ``Text`` built by :func:`~.common.safe_text`.
 """
 
@@ -22,6 +27,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
+from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Static, Tree
 from textual.widgets.tree import TreeNode
@@ -29,6 +35,7 @@ from textual.widgets.tree import TreeNode
 from elastic_agent.coordination.connection import Endpoint
 from elastic_agent.coordination.stack_dumps import StackGroup, ThreadStack, group_line
 
+from ..collective_view import CollectivesResult, fetch_collectives, result_lines
 from ..messages import StacksFetched, StacksProgress
 from ..stack_view import DEFAULT_TIMEOUT, StacksResult, fetch_stacks
 from .common import safe_text
@@ -38,6 +45,17 @@ __all__ = ["StacksScreen"]
 _DIM = Style(dim=True)
 _ODD = Style(color="yellow", bold=True)
 _ERROR = Style(color="red")
+#: Lines of the collectives summary shown (the CLI prints them all).
+COLLECTIVE_LINES = 8
+
+
+class CollectivesFetched(Message):
+    """The collectives worker's answer (or why there is none)."""
+
+    def __init__(self, result: CollectivesResult | None, error: str = "") -> None:
+        super().__init__()
+        self.result = result
+        self.error = error
 
 
 class StacksTree(Tree[object]):
@@ -88,6 +106,8 @@ class StacksScreen(ModalScreen[None]):
         self.result: StacksResult | None = None
         self.error = ""
         self.status_text = ""
+        self.collectives: CollectivesResult | None = None
+        self.collective_lines: list[str] = []
 
     def compose(self) -> ComposeResult:
         what = f"capture {self.request_id}" if self.request_id else "every rank"
@@ -95,6 +115,7 @@ class StacksScreen(ModalScreen[None]):
             yield Static(safe_text(f"Python stacks of job {self.job_id} ({what})", "bold"),
                          markup=False, classes="dialog-title")
             yield Static("", markup=False, id="stacks-status")
+            yield Static("", markup=False, id="stacks-collectives")
             tree = StacksTree(Text("groups"), id="stacks-tree")
             tree.show_root = False
             tree.guide_depth = 2
@@ -114,6 +135,42 @@ class StacksScreen(ModalScreen[None]):
         self.result, self.error = None, ""
         self._status("reading the capture…" if self.request_id else "asking every agent…")
         self._fetch()
+        self.collectives, self.collective_lines = None, []
+        self._fetch_collectives()
+
+    @work(exclusive=True, group="collectives", exit_on_error=False)
+    async def _fetch_collectives(self) -> None:
+        assert self.endpoint is not None
+        try:
+            result = await fetch_collectives(self.endpoint, self.job_id, rank=self.rank,
+                                             request_id=self.request_id, timeout=self.timeout)
+        except Exception as exc:  # shown, never fatal
+            self.post_message(CollectivesFetched(None, f"{type(exc).__name__}: {exc}"))
+            return
+        self.post_message(CollectivesFetched(result))
+
+    def on_collectives_fetched(self, message: CollectivesFetched) -> None:
+        view = self.query_one("#stacks-collectives", Static)
+        r = message.result
+        if r is None or not r.analysis["answered"]:
+            why = message.error or "no rank has a flight recorder trace"
+            self.collective_lines = [f"collectives: {why}"]
+            view.update(safe_text(self.collective_lines[0], _DIM))
+            return
+        self.collectives = r
+        lines = result_lines(r, self.job_id)[1:]
+        self.collective_lines = lines
+        text = Text(end="")
+        for i, line in enumerate(lines[:COLLECTIVE_LINES]):
+            style = _ODD if i == 0 and r.analysis["suspects"] else ""
+            if i:
+                text.append("\n")
+            text.append_text(safe_text(line, style))
+        if len(lines) > COLLECTIVE_LINES:
+            text.append("\n")
+            text.append_text(safe_text(f"… {len(lines) - COLLECTIVE_LINES} more lines: "
+                                       f"elastic-console collectives {self.job_id}", _DIM))
+        view.update(text)
 
     @work(exclusive=True, group="stacks", exit_on_error=False)
     async def _fetch(self) -> None:

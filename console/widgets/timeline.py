@@ -40,6 +40,7 @@ KIND_STYLES: dict[str, tuple[str, Style]] = {
     "job": ("■", Style(bold=True)),
     "logs": ("!", Style(color="yellow")),
     "stalled": ("‖", Style(color="magenta", bold=True)),
+    "straggler": ("»", Style(color="yellow", bold=True)),  # issue 22: a slow rank
     "watchdog": ("◷", Style(color="yellow", bold=True)),  # worker_timer_expired
     "pattern": ("⚠", Style(color="yellow", bold=True)),  # restart storm, suspect, no progress
 }
