@@ -424,21 +424,23 @@ class _ForkedKeeper:
     """``_Keeper.process`` for a keeper the zygote forked: no child of the agent, so its exit
     is seen on a pidfd (opened by the zygote before it could reap it), without its status."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, pidfd: int, handle: _Keeper) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, pid: int, pidfd: int,
+                 exited: asyncio.Future[int]) -> None:
         self._loop = loop
+        self._pid = pid
         self._pidfd = pidfd
-        self._handle = handle
+        self._exited = exited
         loop.add_reader(pidfd, self._gone)
 
     def _gone(self) -> None:
         self._loop.remove_reader(self._pidfd)
         os.close(self._pidfd)
         self._pidfd = -1
-        if not self._handle.exited.done():
-            self._handle.exited.set_result(-1)  # the zygote reaped it: status unknown here
+        if not self._exited.done():
+            self._exited.set_result(-1)  # the zygote reaped it: status unknown here
 
     def get_pid(self) -> int:
-        return self._handle.pid
+        return self._pid
 
     def close(self) -> None:
         """Kill it if it is still there (as a subprocess transport's close does)."""
@@ -449,9 +451,10 @@ class _ForkedKeeper:
 
 @dataclass
 class _Spare:
-    """A keeper started ahead of time, waiting for its request."""
+    """A keeper started ahead of time, waiting for its request: exec'ed, or forked by the
+    zygote with the workers of its attempt parked (``keeper._Keeper.park``)."""
 
-    process: asyncio.SubprocessTransport
+    process: asyncio.SubprocessTransport | _ForkedKeeper
     sock: socket.socket
     exited: asyncio.Future[int]
 
@@ -497,8 +500,9 @@ class WorkerGroup:
         #: What the zygote imports: --preload's modules, else what ``auto`` found (or none).
         self.preload: tuple[str, ...] = spec.preload or (
             zygote.auto_preload(spec.entrypoint) if auto else ())
-        #: The next attempt's keeper, started ahead of time (exec path; see ``_spare_ahead``).
-        self._spare: asyncio.Task[_Spare] | None = None
+        #: The next attempt's keeper, started ahead of time (exec'ed, or forked with its
+        #: workers parked; see ``_spare_ahead``).
+        self._spare: asyncio.Task[_Spare | None] | None = None
         self._spare_timer: asyncio.TimerHandle | None = None
         self._closed = False
         #: Keepers whose trees are gone, exiting (see ``_close_keeper``).
@@ -593,18 +597,22 @@ class WorkerGroup:
         handle = _Keeper(loop, self._workers, spec.entrypoint[0])
         if self.warm:
             await self.prepare()
-        if self._zygote is not None:
+        # A forked worker's recipe (a keeper that is no zygote's fork execs them anyway).
+        how = zygote.recipe(spec.entrypoint) if self.warm and spec.numa_binding is None else None
+        spare = await self._take_spare()
+        if spare is None and self._zygote is not None:
             forked = await self._start_from_zygote(loop, assignment, handle)
             if forked is not None:
                 return forked
-        try:
-            spare = await self._take_spare(loop)
-        except OSError as exc:
-            handle.fail_all(exc)
-            return handle
+        if spare is None:
+            try:
+                spare = await self._spawn_keeper(loop)
+            except OSError as exc:
+                handle.fail_all(exc)
+                return handle
         handle.process, handle.exited = spare.process, spare.exited
         handle.pid = spare.process.get_pid()
-        return await self._ask_keeper(loop, spare.sock, handle, assignment, None)
+        return await self._ask_keeper(loop, spare.sock, handle, assignment, how)
 
     async def _ask_keeper(self, loop: asyncio.AbstractEventLoop, ours: socket.socket,
                           handle: _Keeper, assignment: RankAssignment,
@@ -649,14 +657,44 @@ class WorkerGroup:
         return _Spare(process, ours, exited)
 
     def _spare_ahead(self) -> None:
-        """Start the next attempt's keeper in the background, unless one is there or coming.
-        The exec path only: a zygote forks its keepers."""
+        """Start the next attempt's keeper in the background, unless one is there or coming:
+        exec'ed, or with a zygote, forked by it with the attempt's workers parked."""
         self._cancel_spare_timer()
-        if self._spare is not None or self._closed or (
-                self.warm and self._zygote is not None):
+        if self._spare is not None or self._closed:
             return
         loop = asyncio.get_running_loop()
+        if self.warm and self._zygote is not None:
+            if not self._zygote[2].done():  # a dead one is replaced by the next start
+                self._spare = loop.create_task(self._fork_spare(loop), name="spare keeper")
+            return
         self._spare = loop.create_task(self._spawn_keeper(loop), name="spare keeper")
+
+    async def _fork_spare(self, loop: asyncio.AbstractEventLoop) -> _Spare | None:
+        """Have the zygote fork the next attempt's keeper, which forks its ``nproc`` workers
+        at once and parks them before any user code (``keeper._Keeper.park``): the next
+        start forks nothing, it hands each parked worker its argv, environment (the new
+        round's ranks, world size, master port, restart count) and pipes. None if the zygote
+        cannot (the start then forks a keeper as without it)."""
+        assert self._zygote is not None
+        process, sock, _ = self._zygote
+        ours, theirs = socket.socketpair()
+        try:
+            forked = await zygote.fork_keeper(sock, theirs.fileno(), park=self.spec.nproc)
+        except BaseException:
+            ours.close()
+            if self._zygote is not None and self._zygote[1] is sock:
+                self._zygote = None  # its reply is unread: a new one answers the next attempt
+                sock.close()
+                process.close()
+            raise
+        finally:
+            theirs.close()
+        if not isinstance(forked, tuple):
+            ours.close()
+            return None
+        pid, pidfd = forked
+        exited: asyncio.Future[int] = loop.create_future()
+        return _Spare(_ForkedKeeper(loop, pid, pidfd, exited), ours, exited)
 
     def _spare_later(self) -> None:
         """After a start: the next keeper once the workers had time to start (on 2 cores
@@ -665,9 +703,10 @@ class WorkerGroup:
             self._spare_timer = asyncio.get_running_loop().call_later(
                 SPARE_DELAY, self._spare_ahead)
 
-    async def _take_spare(self, loop: asyncio.AbstractEventLoop) -> _Spare:
-        """The keeper started ahead for this attempt if it is alive, else one started now."""
+    async def _take_spare(self) -> _Spare | None:
+        """The keeper started ahead for this attempt if it is alive, else None."""
         pending, self._spare = self._spare, None
+        self._cancel_spare_timer()
         if pending is not None:
             try:
                 spare = await pending
@@ -675,10 +714,11 @@ class WorkerGroup:
                 log.warning("the keeper started ahead of time failed (%s): starting one now",
                             exc)
             else:
-                if not spare.exited.done() and not _hung_up(spare.sock):
+                if spare is not None and not spare.exited.done() and not _hung_up(spare.sock):
                     return spare
-                spare.close()
-        return await self._spawn_keeper(loop)
+                if spare is not None:
+                    spare.close()
+        return None
 
     def _cancel_spare_timer(self) -> None:
         if self._spare_timer is not None:
@@ -694,7 +734,9 @@ class WorkerGroup:
             spare = await pending
         except OSError:
             return
-        spare.close()  # EOF: it exits, having started nothing
+        if spare is None:
+            return
+        spare.close()  # EOF: it exits, having started nothing (its parked workers with it)
         await asyncio.wait([spare.exited], timeout=KILL_WAIT)
 
     # -- --preload: warm zygotes ------------------------------------------------------------
@@ -719,6 +761,8 @@ class WorkerGroup:
         if self._zygote is not None:
             if not self._zygote[2].done():
                 return
+            if self._spare is not None:  # it may be asking the dead zygote: its answer first
+                await asyncio.wait([self._spare])
             await self._close_zygote()  # it died: replace it
         loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair()
@@ -786,7 +830,8 @@ class WorkerGroup:
             ours.close()
             return None
         handle.pid, pidfd = forked
-        handle.process = _ForkedKeeper(loop, pidfd, handle)  # type: ignore[assignment]
+        handle.process = _ForkedKeeper(  # type: ignore[assignment]
+            loop, handle.pid, pidfd, handle.exited)
         spec = self.spec
         how = zygote.recipe(spec.entrypoint) if spec.numa_binding is None else None
         return await self._ask_keeper(loop, ours, handle, assignment, how)
