@@ -396,6 +396,8 @@ class _Keeper:
         reparented here when its parent dies, and found on the next round."""
         self.agent_gone = True
         while True:
+            if not _has_children():
+                return  # a subreaper without children has no descendants: no /proc walk
             tree = descendants(self.me, parents())
             for pid in tree:
                 _kill(pid, tree | {self.me})
@@ -419,6 +421,15 @@ def _become_worker(libc: ctypes.CDLL, keeper_pid: int, dispositions: dict[int, o
     if out_fd >= 0:
         os.dup2(out_fd, 1)
         os.dup2(err_fd, 2)
+
+
+def _has_children() -> bool:
+    """Whether this process has a child, exited or not (nothing is reaped)."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
 
 
 def _more_from(fd: int, unframer: Unframer) -> bool:

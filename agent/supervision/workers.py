@@ -625,13 +625,20 @@ class WorkerGroup:
             for w in self._workers:
                 ends = await self._connect_pipes(loop, w, write_ends)
                 requests.append((*self._launch_args(w, assignment), *ends, how))
-            await asyncio.to_thread(zygote.send_request, ours, requests)
+            ours.setblocking(False)  # an idle keeper's socket has room: no thread's hop
+            try:
+                rest = zygote.send_request(ours, requests)
+            except BlockingIOError:  # none: wait for it in a thread
+                ours.setblocking(True)
+                rest = await asyncio.to_thread(zygote.send_request, ours, requests)
+                ours.setblocking(False)
+            if rest:
+                await loop.sock_sendall(ours, rest)
         except BaseException as exc:  # e.g. the keeper died just now: no worker can start
             return self._abandon_start(ours, handle, exc)
         finally:
             for fd in write_ends:
                 os.close(fd)
-        ours.setblocking(False)
         handle.channel, _ = await loop.create_unix_connection(
             lambda: _KeeperChannel(handle), sock=ours)
         return handle
@@ -1079,10 +1086,11 @@ class WorkerGroup:
                 log.error("some worker processes survived SIGKILL for %.0f s (uninterruptible "
                           "sleep?); giving up on them", KILL_WAIT)
         # Anything still in a worker's group or tree (an orphan that ignored SIGTERM after
-        # its parent died) gets SIGKILL, so nothing outlives the group.
-        # The keeper's end (at EOF it SIGKILLs whatever is left of its tree) runs while /proc
-        # is searched: both are on a restart's path, neither needs the other.
-        late_scan = asyncio.ensure_future(asyncio.to_thread(self._find_strays))
+        # its parent died) gets SIGKILL, so nothing outlives the group: the keeper's end does
+        # it for the tree (at EOF it SIGKILLs every descendant, orphans being reparented to
+        # it), while /proc is searched for the rest (a worker's marker outside the tree; not
+        # the tree again, a second walk of every process on a restart's path).
+        late_scan = asyncio.ensure_future(asyncio.to_thread(self._find_strays, False))
         closing = asyncio.ensure_future(self._close_keeper())
         try:
             late = await late_scan
@@ -1136,12 +1144,13 @@ class WorkerGroup:
         assert handle.process is not None
         handle.process.close()  # kills it if it is still there
 
-    def _find_strays(self) -> dict[int, psutil.Process]:
+    def _find_strays(self, tree: bool = True) -> dict[int, psutil.Process]:
         """Processes of the workers' trees other than the workers themselves.
 
         Children are found by parentage while their worker lives; orphans (reparented to
         init) and daemons (new session) by the worker's error file path in their
-        environment, which they inherited. Runs in a thread: it reads /proc.
+        environment, which they inherited. ``tree`` False: only the latter. Runs in a
+        thread: it reads /proc.
         """
         me = os.getpid()
         worker_pids = {w.pid for w in self._workers if w.pid}
@@ -1149,6 +1158,8 @@ class WorkerGroup:
         handle = self._keeper
         if handle is not None and handle.pid and not handle.exited.done():
             roots.append(handle.pid)  # the tree's subreaper: its descendants are the tree
+        if not tree:
+            roots = []
         found: dict[int, psutil.Process] = {}
         parents = keeper.parents() if roots else {}  # one walk of /proc for every root
         for root in roots:

@@ -197,10 +197,12 @@ def auto_preload(entrypoint: Sequence[str]) -> tuple[str, ...]:
     return tuple(found)
 
 
-def send_request(sock: object, requests: list[tuple]) -> None:
+def send_request(sock: object, requests: list[tuple]) -> bytes:
     """Send the workers to start to a keeper (forked or exec'ed: ``keeper.read_request``):
     each request's two pipe descriptors travel as SCM_RIGHTS and are replaced by their index
-    in the message. Blocking (the keeper is reading)."""
+    in the message. On a blocking socket, all of it (the keeper is reading); on a
+    non-blocking one, what fits in its buffer, with the descriptors: returns the rest, to be
+    sent as its room comes (BlockingIOError if nothing fitted)."""
     import socket
 
     from elastic_agent.supervision.keeper import frame
@@ -213,7 +215,16 @@ def send_request(sock: object, requests: list[tuple]) -> None:
     data = frame(message)
     sent = sock.sendmsg([data[:1]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                        array.array("i", fds))])
-    sock.sendall(data[sent:])
+    rest = memoryview(data)[sent:]
+    if sock.getblocking():
+        sock.sendall(rest)
+        return b""
+    while rest:
+        try:
+            rest = rest[sock.send(rest):]
+        except BlockingIOError:
+            break
+    return bytes(rest)
 
 
 async def fork_keeper(sock: object, keeper_fd: int,
