@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sys
 import textwrap
 from pathlib import Path
@@ -229,13 +230,21 @@ def test_preload_with_no_python_is_refused():
 def test_sigkilled_agent_takes_its_forked_workers_and_zygotes(redis_url, job_id, tmp_path):
     agent, reported, procs = start_tree(redis_url, job_id, tmp_path, "--preload", "json")
     try:
-        forks = [p for p in agent.descendants() if "zygote.py" in " ".join(p.cmdline())]
+        def zygote_forks() -> list[psutil.Process]:
+            return [p for p in agent.descendants() if "zygote.py" in " ".join(p.cmdline())]
+
+        # The next attempt's keeper, forked ahead with its workers parked: they die too.
+        wait_until(lambda: len(zygote_forks()) == 3 + 2 * len(reported), 60,
+                   "the next attempt's keeper and its parked workers")
+        forks = zygote_forks()
         # The node's zygote (the agent's child), the keeper it forked for the attempt, and
         # the workers that keeper forked.
         (zygote,) = [z for z in forks if z.ppid() == agent.pid]
-        (keeper,) = [z for z in forks if z.ppid() == zygote.pid]
-        workers = [z for z in forks if z.ppid() == keeper.pid]
-        assert len(workers) == len(reported), describe(forks)
+        running = {pids["worker"] for pids in reported.values()}
+        (keeper,) = [z for z in forks if z.ppid() == zygote.pid
+                     and running <= {c.pid for c in z.children()}]
+        (ahead,) = [z for z in forks if z.ppid() == zygote.pid and z != keeper]
+        assert len([z for z in forks if z.ppid() == ahead.pid]) == len(reported), describe(forks)
         procs += [z for z in forks if z not in procs]
         os.kill(agent.pid, signal.SIGKILL)
         agent.wait(10)
@@ -497,3 +506,68 @@ def test_a_restart_releases_the_workers_parked_ahead(tmp_path, monkeypatch, capf
         assert f_report["fds"] == e_report["fds"]  # nothing of the parking left open
     if case == "environment changed":
         assert "PYTHONHASHSEED" in capfd.readouterr().err
+
+
+#: Rank 0 listens on MASTER_PORT a moment after it starts (as torch's env:// store does);
+#: the others try to connect at once.
+STORE = """
+import os, socket, time
+port = int(os.environ["MASTER_PORT"])
+if os.environ["RANK"] == "0":
+    time.sleep(0.05)
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", port))
+    server.listen()
+    server.settimeout(30)
+    server.accept()
+    print("served", flush=True)
+else:
+    try:
+        socket.create_connection(("127.0.0.1", port)).close()
+        print("connected", flush=True)
+    except ConnectionRefusedError:
+        print("refused", flush=True)
+"""
+
+
+def test_warm_rank_0_gets_a_lead_to_listen_before_the_others_start(tmp_path, monkeypatch):
+    """With torch.distributed preloaded, the keeper starts the other ranks once global rank
+    0 listens on MASTER_PORT (or after ``keeper.STORE_LEAD``): released or forked at once,
+    they would connect before it listens, and torch's store client waits up to a second
+    before it tries again. A stand-in torch.distributed is preloaded here."""
+    monkeypatch.setattr("elastic_agent.supervision.workers.SPARE_DELAY", 0.0)
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("")
+    (tmp_path / "torch" / "distributed.py").write_text("")
+    script = tmp_path / "train.py"
+    script.write_text(STORE)
+
+    async def scenario() -> None:
+        spec = WorkerSpec(nproc=NPROC, entrypoint=[sys.executable, "-u", str(script)],
+                          run_id="r", job_id="j", log_dir=tmp_path / "j",
+                          preload=("torch.distributed",), shutdown_timeout=2)
+        group = WorkerGroup(spec, logs=quiet_logs())
+        try:
+            await group.prepare()
+            for attempt in range(2):  # forked, then released from the parked workers
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", 0))
+                    port = probe.getsockname()[1]
+                await group.start(RankAssignment(
+                    group_rank=0, group_world_size=1, world_size=NPROC, base_rank=0,
+                    master_addr="127.0.0.1", master_port=port, attempt=attempt,
+                    restart_count=attempt))
+                await asyncio.wait_for(group.wait(), 60)
+                await wait_until_async(lambda: len(group.exits) == NPROC, 60, "every exit")
+                await group.stop()
+                if attempt == 0:
+                    await wait_until_async(lambda: group._spare is not None
+                                           and group._spare.done(), 30, "the next keeper")
+        finally:
+            await group.stop()
+            await group.close()
+
+    asyncio.run(scenario())
+    for attempt in range(2):
+        assert _which(tmp_path, attempt) == ["served\n", "connected\n"], attempt
