@@ -508,13 +508,15 @@ def test_a_restart_releases_the_workers_parked_ahead(tmp_path, monkeypatch, capf
         assert "PYTHONHASHSEED" in capfd.readouterr().err
 
 
-#: Rank 0 listens on MASTER_PORT a moment after it starts (as torch's env:// store does);
-#: the others try to connect at once.
+#: Rank 0 listens on MASTER_PORT after a moment's work (as torch's env:// store does once
+#: the script got there); the others try to connect at once.
 STORE = """
 import os, socket, time
 port = int(os.environ["MASTER_PORT"])
 if os.environ["RANK"] == "0":
-    time.sleep(0.05)
+    end = time.monotonic() + 0.05
+    while time.monotonic() < end:
+        pass
     server = socket.socket()
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     server.bind(("127.0.0.1", port))
@@ -533,9 +535,9 @@ else:
 
 def test_warm_rank_0_gets_a_lead_to_listen_before_the_others_start(tmp_path, monkeypatch):
     """With torch.distributed preloaded, the keeper starts the other ranks once global rank
-    0 listens on MASTER_PORT (or after ``keeper.STORE_LEAD``): released or forked at once,
-    they would connect before it listens, and torch's store client waits up to a second
-    before it tries again. A stand-in torch.distributed is preloaded here."""
+    0 listens on MASTER_PORT (or sleeps without, or after ``keeper.STORE_LEAD``): released
+    or forked at once, they would connect before it listens, and torch's store client waits
+    up to a second before it tries again. A stand-in torch.distributed is preloaded here."""
     monkeypatch.setattr("elastic_agent.supervision.workers.SPARE_DELAY", 0.0)
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "__init__.py").write_text("")

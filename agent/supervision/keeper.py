@@ -225,7 +225,7 @@ class _Keeper:
                     self.workers[pid] = index
                     self.send((STARTED, index, pid))
                     if warm and index + 1 < len(spec):
-                        _store_lead(env)
+                        _store_lead(env, pid)
             # From here on the pipes are the workers' alone: their EOF is the tree's.
             os.close(out_fd)
             os.close(err_fd)
@@ -432,15 +432,16 @@ def _become_worker(libc: ctypes.CDLL, keeper_pid: int, dispositions: dict[int, o
 STORE_LEAD = 0.1
 
 
-def _store_lead(env: dict[bytes, bytes]) -> None:
-    """After starting global rank 0 from a zygote that preloaded torch.distributed: wait
-    (up to :data:`STORE_LEAD`) until something listens on its MASTER_PORT, the store that
-    ``init_process_group("env://")`` has rank 0 serve, before starting the other ranks.
-    Workers forked or released at once would otherwise connect before it listens, and
-    torch's store client then waits up to about a second before it tries again (seen here:
-    0.4-0.9 s added to a restart in 3 runs of 6). Exec'ed workers need no lead: each
-    imports torch first, for seconds. Polls /proc/net every millisecond: the kernel has no
-    event for another process's listen."""
+def _store_lead(env: dict[bytes, bytes], pid: int) -> None:
+    """After starting global rank 0 (``pid``) from a zygote that preloaded torch.distributed:
+    wait until something listens on its MASTER_PORT, the store that
+    ``init_process_group("env://")`` has rank 0 serve, before starting the other ranks; or
+    until rank 0 waits for something else (it sleeps without listening: a script that
+    serves no store there), or :data:`STORE_LEAD` at most. Workers forked or released at
+    once would otherwise connect before it listens, and torch's store client then waits up
+    to about a second before it tries again (seen here: 0.4-0.9 s added to a restart in 3
+    runs of 6). Exec'ed workers need no lead: each imports torch first, for seconds. Polls
+    /proc every millisecond: the kernel has no event for another process's listen."""
     port = env.get(b"MASTER_PORT", b"")
     if env.get(b"RANK") != b"0" or not port.isdigit() or "torch.distributed" not in sys.modules:
         return
@@ -448,8 +449,24 @@ def _store_lead(env: dict[bytes, bytes]) -> None:
 
     suffix = b":%04X" % int(port)
     deadline = time.monotonic() + STORE_LEAD
-    while time.monotonic() < deadline and not _listening(suffix):
+    while (time.monotonic() < deadline and not _listening(suffix)
+           and _state(pid) in (b"R", b"D")):
         select.select([], [], [], 0.001)
+
+
+def _state(pid: int) -> bytes:
+    """A process's state letter in /proc (R running, S sleeping, ...); b"" if gone."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    except OSError:
+        return b""
+    try:
+        fields = os.read(fd, 4096).rpartition(b")")[2].split(None, 1)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+    return fields[0] if fields else b""
 
 
 def _listening(suffix: bytes) -> bool:
