@@ -75,7 +75,9 @@ no second interpreter imports it while an attempt runs or across restarts. The z
 the pages of the objects it inherited (about 40 MiB PSS of 4 torch workers here). Measured
 by ``bench/preload_bench.py --repeat 3`` (4 workers, 2 cores): peak PSS of the node 997 MiB
 with ``--preload torch``, 969 MiB without, 1073 MiB under torchrun (0.93x; the spare zygote
-of the earlier design made it 1161 MiB, 1.08x). Known differences that
+of the earlier design made it 1161 MiB, 1.08x). The next attempt's keeper and its parked
+workers, forked while an attempt runs, add about 1 MiB of private pages each. Known
+differences that
 follow: a forked worker starts with those objects in the permanent generation
 (``gc.get_freeze_count()`` > 0), and a keeper's exit status is the zygote's to reap (the
 agent sees only that it exited).
