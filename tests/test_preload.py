@@ -439,14 +439,14 @@ def _dead(pid: int) -> bool:
         return True
 
 
-async def _two_attempts(tmp: Path, preload: tuple[str, ...], case: str
-                        ) -> tuple[list[int], list[int]]:
+async def _two_attempts(tmp: Path, preload: tuple[str, ...], case: str,
+                        auto: bool = False) -> tuple[list[int], list[int]]:
     """Attempt 0, then attempt 1 on the next keeper, started ahead: (the workers it had
-    parked, attempt 1's worker pids)."""
+    parked, attempt 1's worker pids). ``auto``: default flags (``--preload auto``)."""
     base = dict(os.environ)
     spec = WorkerSpec(nproc=NPROC, entrypoint=[sys.executable, "-u", str(PROBE), "0"],
                       run_id="r", job_id="j", log_dir=tmp / "j", preload=preload,
-                      shutdown_timeout=2)
+                      preload_auto=auto, shutdown_timeout=2)
     group = WorkerGroup(spec, logs=quiet_logs(), base_env=base)
     try:
         await group.prepare()
@@ -457,7 +457,7 @@ async def _two_attempts(tmp: Path, preload: tuple[str, ...], case: str
                                "the next attempt's keeper")
         assert group._spare is not None
         keeper_pid = group._spare.result().process.get_pid()
-        if preload:
+        if preload or auto:
             await wait_until_async(lambda: len(_children(keeper_pid)) == NPROC, 30,
                                    "its workers parked")
         parked = _children(keeper_pid)
@@ -506,6 +506,16 @@ def test_a_restart_releases_the_workers_parked_ahead(tmp_path, monkeypatch, capf
         assert f_report["fds"] == e_report["fds"]  # nothing of the parking left open
     if case == "environment changed":
         assert "PYTHONHASHSEED" in capfd.readouterr().err
+
+
+def test_on_default_flags_a_restart_releases_parked_workers(tmp_path, monkeypatch):
+    """No flag (``--preload auto``): a Python worker's restart is the parked path too."""
+    monkeypatch.setattr("elastic_agent.supervision.workers.SPARE_DELAY", 0.0)
+    parked, pids = asyncio.run(_two_attempts(tmp_path, (), "parked", auto=True))
+    assert len(parked) == NPROC and sorted(pids) == parked
+    for rank, (report, _, _, _) in enumerate(outputs(tmp_path, 1)):
+        assert (report["env"]["RANK"], report["env"]["TORCHELASTIC_RESTART_COUNT"]) == (
+            str(rank), "1")
 
 
 #: Rank 0 listens on MASTER_PORT after a moment's work (as torch's env:// store does once
