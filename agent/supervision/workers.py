@@ -686,7 +686,9 @@ class WorkerGroup:
         process, sock, _ = self._zygote
         ours, theirs = socket.socketpair()
         try:
-            forked = await zygote.fork_keeper(sock, theirs.fileno(), park=self.spec.nproc)
+            # Under --numa-binding the workers are exec'ed (numactl): none to park.
+            park = self.spec.nproc if self.spec.numa_binding is None else 0
+            forked = await zygote.fork_keeper(sock, theirs.fileno(), park=park)
         except BaseException:
             ours.close()
             if self._zygote is not None and self._zygote[1] is sock:
