@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sys
 import textwrap
 from pathlib import Path
@@ -130,7 +131,9 @@ def test_module_mode_is_equivalent(tmp_path):
 def test_one_zygote_forks_every_attempts_keeper_and_a_dead_one_is_replaced(tmp_path):
     """The node imports the preload once: the same zygote forks the keeper of a crashed
     attempt and of its restart (no second interpreter imports it meanwhile), stays one
-    thread, and only its death (then replacement) costs a second import."""
+    thread, and only its death (then replacement) costs a second import. The keeper it had
+    forked ahead for the next attempt (its workers parked) outlives it and serves that
+    attempt; the replacement forks the keepers after it."""
     count = tmp_path / "imports"
 
     def imports() -> list[str]:
@@ -143,21 +146,25 @@ def test_one_zygote_forks_every_attempts_keeper_and_a_dead_one_is_replaced(tmp_p
         group = WorkerGroup(spec, logs=quiet_logs(),
                             base_env={**os.environ, "PRELOAD_COUNT_FILE": str(count)})
         seen = []  # per attempt: zygote pid, keeper pid, keeper's parent, imports so far
+        ahead = 0
         try:
             await group.prepare()
-            for attempt in range(3):
+            for attempt in range(4):
                 await group.start(assignment(attempt))
                 keeper_pid = group._keeper.pid
                 z_pid = group._zygote[0].get_pid()
                 seen.append((z_pid, keeper_pid, psutil.Process(keeper_pid).ppid(),
                              len(imports())))
+                if attempt == 2:
+                    assert keeper_pid == ahead  # forked by the dead zygote before its death
                 await asyncio.wait_for(group.wait(), 60)
                 # Every rank reports before the stop (the first failure settles the group,
                 # and a stop that comes at once would end a rank still printing).
                 await wait_until_async(lambda: len(group.exits) == NPROC, 60, "every exit")
                 await group.stop()
-                if attempt == 1:  # the zygote dies: attempt 2 needs a new one
+                if attempt == 1:  # the zygote dies: attempt 3 needs a new one
                     threads = len(os.listdir(f"/proc/{z_pid}/task"))
+                    ahead = (await group._spare).process.get_pid()  # forked at the stop
                     os.kill(z_pid, signal.SIGKILL)
                     await asyncio.wait_for(asyncio.shield(group._zygote[2]), 10)
         finally:
@@ -166,12 +173,12 @@ def test_one_zygote_forks_every_attempts_keeper_and_a_dead_one_is_replaced(tmp_p
         return seen, threads, len(imports())
 
     seen, threads, total = asyncio.run(scenario())
-    (z0, k0, p0, n0), (z1, k1, p1, n1), (z2, _, p2, n2) = seen
+    (z0, k0, p0, n0), (z1, k1, p1, n1), (z2, _, _, _), (z3, _, p3, n3) = seen
     assert z0 == z1 == p0 == p1 and k0 != k1, seen  # one zygote, a keeper per attempt
     assert n0 == n1 == 1, seen  # one import while both attempts ran
     assert threads == 1  # still fork-safe after forking keepers
-    assert z2 != z0 and p2 == z2 and n2 == total == 2, seen
-    for attempt in range(3):
+    assert z2 == z3 != z0 and p3 == z3 and n3 == total == 2, seen
+    for attempt in range(4):
         assert all(forked(err) for _, _, err, _ in outputs(tmp_path, attempt))
 
 
@@ -223,13 +230,21 @@ def test_preload_with_no_python_is_refused():
 def test_sigkilled_agent_takes_its_forked_workers_and_zygotes(redis_url, job_id, tmp_path):
     agent, reported, procs = start_tree(redis_url, job_id, tmp_path, "--preload", "json")
     try:
-        forks = [p for p in agent.descendants() if "zygote.py" in " ".join(p.cmdline())]
+        def zygote_forks() -> list[psutil.Process]:
+            return [p for p in agent.descendants() if "zygote.py" in " ".join(p.cmdline())]
+
+        # The next attempt's keeper, forked ahead with its workers parked: they die too.
+        wait_until(lambda: len(zygote_forks()) == 3 + 2 * len(reported), 60,
+                   "the next attempt's keeper and its parked workers")
+        forks = zygote_forks()
         # The node's zygote (the agent's child), the keeper it forked for the attempt, and
         # the workers that keeper forked.
         (zygote,) = [z for z in forks if z.ppid() == agent.pid]
-        (keeper,) = [z for z in forks if z.ppid() == zygote.pid]
-        workers = [z for z in forks if z.ppid() == keeper.pid]
-        assert len(workers) == len(reported), describe(forks)
+        running = {pids["worker"] for pids in reported.values()}
+        (keeper,) = [z for z in forks if z.ppid() == zygote.pid
+                     and running <= {c.pid for c in z.children()}]
+        (ahead,) = [z for z in forks if z.ppid() == zygote.pid and z != keeper]
+        assert len([z for z in forks if z.ppid() == ahead.pid]) == len(reported), describe(forks)
         procs += [z for z in forks if z not in procs]
         os.kill(agent.pid, signal.SIGKILL)
         agent.wait(10)
@@ -406,3 +421,165 @@ def test_a_torch_script_is_forked_warm_by_default(tmp_path):
         for rank in range(NPROC):
             out = run_dir / f"attempt_{attempt}" / str(rank) / "stdout.log"
             assert out.read_text() == "forked\n", (attempt, rank, agent.output[-2000:])
+
+
+# -- workers forked ahead of a restart, parked until it releases them (issue 23) --------------
+
+def _children(pid: int) -> list[int]:
+    try:
+        return sorted(p.pid for p in psutil.Process(pid).children())
+    except psutil.Error:
+        return []
+
+
+def _dead(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def _two_attempts(tmp: Path, preload: tuple[str, ...], case: str,
+                        auto: bool = False) -> tuple[list[int], list[int]]:
+    """Attempt 0, then attempt 1 on the next keeper, started ahead: (the workers it had
+    parked, attempt 1's worker pids). ``auto``: default flags (``--preload auto``)."""
+    base = dict(os.environ)
+    spec = WorkerSpec(nproc=NPROC, entrypoint=[sys.executable, "-u", str(PROBE), "0"],
+                      run_id="r", job_id="j", log_dir=tmp / "j", preload=preload,
+                      preload_auto=auto, shutdown_timeout=2)
+    group = WorkerGroup(spec, logs=quiet_logs(), base_env=base)
+    try:
+        await group.prepare()
+        await group.start(assignment(0))
+        await asyncio.wait_for(group.wait(), 60)
+        await wait_until_async(lambda: len(group.exits) == NPROC, 60, "every exit")
+        await wait_until_async(lambda: group._spare is not None and group._spare.done(), 30,
+                               "the next attempt's keeper")
+        assert group._spare is not None
+        keeper_pid = group._spare.result().process.get_pid()
+        if preload or auto:
+            await wait_until_async(lambda: len(_children(keeper_pid)) == NPROC, 30,
+                                   "its workers parked")
+        parked = _children(keeper_pid)
+        if case == "one died" and parked:
+            os.kill(parked[0], signal.SIGKILL)
+            await wait_until_async(lambda: _dead(parked[0]), 30, "the parked worker's death")
+        if case == "environment changed":
+            base["PYTHONHASHSEED"] = "7"  # read at interpreter start: no fork may serve it
+        await group.stop()
+        await group.start(RankAssignment(
+            group_rank=0, group_world_size=1, world_size=NPROC, base_rank=0,
+            master_addr="127.0.0.1", master_port=4321, attempt=1, restart_count=1))
+        pids = [w.pid for w in group.workers]
+        await asyncio.wait_for(group.wait(), 60)
+        await wait_until_async(lambda: len(group.exits) == NPROC, 60, "every exit")
+    finally:
+        await group.stop()
+        await group.close()
+    return parked, pids
+
+
+@pytest.mark.parametrize("case", ["parked", "one died", "environment changed"])
+def test_a_restart_releases_the_workers_parked_ahead(tmp_path, monkeypatch, capfd, case):
+    """The next attempt's keeper is forked ahead with its workers parked before any user
+    code; the restart hands each its argv, the new round's environment (rank, master port,
+    restart count) and its pipes: it is then the exec'ed worker's equal. A parked worker
+    that died is replaced by a fresh fork; an environment that changed since the zygote
+    started still falls back to exec."""
+    monkeypatch.setattr("elastic_agent.supervision.workers.SPARE_DELAY", 0.0)
+    parked, pids = asyncio.run(_two_attempts(tmp_path / "fork", ("preload_marker",), case))
+    asyncio.run(_two_attempts(tmp_path / "exec", (), case))
+    assert len(parked) == NPROC
+    released = [p for p in pids if p in parked]
+    expected = {"parked": NPROC, "one died": NPROC - 1, "environment changed": 0}[case]
+    assert len(released) == expected, (parked, pids)
+    fork, exec_ = outputs(tmp_path / "fork", 1), outputs(tmp_path / "exec", 1)
+    for rank in range(NPROC):
+        f_report, f_rest, f_err, _ = fork[rank]
+        e_report, e_rest, e_err, _ = exec_[rank]
+        assert forked(f_err) == (case != "environment changed") and not forked(e_err)
+        assert comparable(f_report, tmp_path / "fork") == comparable(e_report, tmp_path / "exec")
+        assert (f_rest, f_err.partition("\n")[2]) == (e_rest, e_err.partition("\n")[2])
+        env = f_report["env"]
+        assert (env["RANK"], env["MASTER_PORT"], env["TORCHELASTIC_RESTART_COUNT"],
+                f_report["c_env_rank"]) == (str(rank), "4321", "1", str(rank))
+        assert f_report["fds"] == e_report["fds"]  # nothing of the parking left open
+    if case == "environment changed":
+        assert "PYTHONHASHSEED" in capfd.readouterr().err
+
+
+def test_on_default_flags_a_restart_releases_parked_workers(tmp_path, monkeypatch):
+    """No flag (``--preload auto``): a Python worker's restart is the parked path too."""
+    monkeypatch.setattr("elastic_agent.supervision.workers.SPARE_DELAY", 0.0)
+    parked, pids = asyncio.run(_two_attempts(tmp_path, (), "parked", auto=True))
+    assert len(parked) == NPROC and sorted(pids) == parked
+    for rank, (report, _, _, _) in enumerate(outputs(tmp_path, 1)):
+        assert (report["env"]["RANK"], report["env"]["TORCHELASTIC_RESTART_COUNT"]) == (
+            str(rank), "1")
+
+
+#: Rank 0 listens on MASTER_PORT after a moment's work (as torch's env:// store does once
+#: the script got there); the others try to connect at once.
+STORE = """
+import os, socket, time
+port = int(os.environ["MASTER_PORT"])
+if os.environ["RANK"] == "0":
+    end = time.monotonic() + 0.05
+    while time.monotonic() < end:
+        pass
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", port))
+    server.listen()
+    server.settimeout(30)
+    server.accept()
+    print("served", flush=True)
+else:
+    try:
+        socket.create_connection(("127.0.0.1", port)).close()
+        print("connected", flush=True)
+    except ConnectionRefusedError:
+        print("refused", flush=True)
+"""
+
+
+def test_warm_rank_0_gets_a_lead_to_listen_before_the_others_start(tmp_path, monkeypatch):
+    """With torch.distributed preloaded, the keeper starts the other ranks once global rank
+    0 listens on MASTER_PORT (or sleeps without, or after ``keeper.STORE_LEAD``): released
+    or forked at once, they would connect before it listens, and torch's store client waits
+    up to a second before it tries again. A stand-in torch.distributed is preloaded here."""
+    monkeypatch.setattr("elastic_agent.supervision.workers.SPARE_DELAY", 0.0)
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("")
+    (tmp_path / "torch" / "distributed.py").write_text("")
+    script = tmp_path / "train.py"
+    script.write_text(STORE)
+
+    async def scenario() -> None:
+        spec = WorkerSpec(nproc=NPROC, entrypoint=[sys.executable, "-u", str(script)],
+                          run_id="r", job_id="j", log_dir=tmp_path / "j",
+                          preload=("torch.distributed",), shutdown_timeout=2)
+        group = WorkerGroup(spec, logs=quiet_logs())
+        try:
+            await group.prepare()
+            for attempt in range(2):  # forked, then released from the parked workers
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", 0))
+                    port = probe.getsockname()[1]
+                await group.start(RankAssignment(
+                    group_rank=0, group_world_size=1, world_size=NPROC, base_rank=0,
+                    master_addr="127.0.0.1", master_port=port, attempt=attempt,
+                    restart_count=attempt))
+                await asyncio.wait_for(group.wait(), 60)
+                await wait_until_async(lambda: len(group.exits) == NPROC, 60, "every exit")
+                await group.stop()
+                if attempt == 0:
+                    await wait_until_async(lambda: group._spare is not None
+                                           and group._spare.done(), 30, "the next keeper")
+        finally:
+            await group.stop()
+            await group.close()
+
+    asyncio.run(scenario())
+    for attempt in range(2):
+        assert _which(tmp_path, attempt) == ["served\n", "connected\n"], attempt

@@ -577,3 +577,44 @@ async def test_stop_ends_a_process_outside_the_tree_by_the_workers_marker(tmp_pa
         finally:
             outsider.kill()
             outsider.wait()
+
+
+async def test_a_request_larger_than_the_sockets_buffer_reaches_the_keeper_whole(
+        tmp_path: Path) -> None:
+    """The request goes to an idle keeper without a thread: what its socket's buffer does
+    not take at once follows as room comes (4 workers x 100 kB of environment here)."""
+    big = "x" * 100_000
+    spec = make_spec(tmp_path, """
+        import os
+        print(len(os.environ["BIG"]), os.environ["RANK"], flush=True)
+    """, nproc=4, extra_env={"BIG": big})
+    async with Group(spec) as group:
+        await group.prepare()
+        await group.start(assignment(4))
+        assert (await asyncio.wait_for(group.wait(), 60)).state is WorkerState.SUCCEEDED
+    assert [stdout_of(tmp_path, rank) for rank in range(4)] == [
+        f"100000 {rank}\n" for rank in range(4)]
+
+
+async def test_a_stop_walks_every_process_once(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stop's search of /proc for the workers' tree runs once, while they shut down;
+    after they are gone the keeper ends what is left of the tree and the search looks only
+    for the workers' markers outside it."""
+    from elastic_agent.supervision import keeper
+
+    walks = []
+    walk = keeper.parents
+    monkeypatch.setattr(keeper, "parents", lambda: walks.append(1) or walk())
+    spec = make_spec(tmp_path, """
+        import time
+        print("up", flush=True)
+        time.sleep(60)
+    """, nproc=2)
+    async with Group(spec) as group:
+        await group.start(assignment(2))
+        for rank in range(2):
+            await wait_for_output(tmp_path, rank, "up")
+        await group.stop()
+        assert not any(w.pid and alive(w.pid) for w in group.workers)
+    assert len(walks) == 1

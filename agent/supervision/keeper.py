@@ -18,6 +18,13 @@ back to default, and otherwise the signal dispositions the agent gave it.
 With ``--preload`` the keeper is no exec'ed process but a child the node's zygote forked
 (:mod:`.zygote`), given its end of the socket as SCM_RIGHTS: the same rules from there on,
 with the dispositions the zygote was born with, and workers forked rather than exec'ed.
+The next attempt's keeper is forked ahead too, and forks its workers at once (``park``):
+each becomes a worker (session, death with the keeper, dispositions, every other
+descriptor closed) and waits on a socket of its own, before any user code, until the
+request releases it with its argv, environment and pipes (``release``): a restart then
+forks nothing. A parked worker reads nothing of the attempt before its release: its
+environment is the request's, set by the bootstrap before the script runs, as for any
+forked worker; and a request that may not fork (``may_fork``) leaves them unused.
 
 The keeper is a child subreaper (``PR_SET_CHILD_SUBREAPER``): a process of the tree whose
 parent dies is reparented to the keeper instead of init, so the keeper's descendants are the
@@ -144,11 +151,15 @@ def read_request(ctl: int, unframer: Unframer) -> list | None:
 
 
 class _Keeper:
-    def __init__(self, ctl: int, zygote: object = None) -> None:
+    def __init__(self, ctl: int, zygote: object = None, park: int = 0) -> None:
         self.ctl = ctl
         #: With ``--preload``: the :class:`.zygote.Zygote` whose policy lets ``spawn`` fork
         #: a worker that runs its script in-process (a request then carries its recipe).
         self.zygote = zygote
+        #: Workers to fork before the request comes (a keeper forked ahead of its attempt):
+        #: parked, each on its socket (pid, our end), until the request releases them.
+        self.park_count = park
+        self.parked: list[tuple[int, int]] = []
         # A forked worker gets the dispositions this interpreter was born with (Python's):
         # a keeper forked by the zygote was born with the zygote's, before its loop began.
         born = dispositions() if zygote is None else zygote.born  # type: ignore[attr-defined]
@@ -189,6 +200,7 @@ class _Keeper:
         # A handler (not SIG_DFL) so that SIGCHLD writes to the wakeup pipe.
         signal.signal(signal.SIGCHLD, lambda *_: None)
 
+        self.park(self.park_count)
         unframer = Unframer()
         spec = read_request(self.ctl, unframer)
         if spec is None:
@@ -198,8 +210,12 @@ class _Keeper:
         failed = False
         for index, (argv, env, out_fd, err_fd, *how) in enumerate(spec):
             if not failed and not self.agent_gone:
-                if how and how[0] and self.zygote is not None and self.zygote.may_fork(env):
-                    pid, err = self.fork_worker(argv, env, out_fd, err_fd, how[0])
+                warm = bool(how and how[0] and self.zygote is not None
+                            and self.zygote.may_fork(env))
+                if warm:
+                    pid = self.release(argv, env, out_fd, err_fd, how[0])
+                    pid, err = (pid, 0) if pid else self.fork_worker(
+                        argv, env, out_fd, err_fd, how[0])
                 else:
                     pid, err = self.spawn(argv, env, out_fd, err_fd)
                 if err:
@@ -208,9 +224,14 @@ class _Keeper:
                 else:
                     self.workers[pid] = index
                     self.send((STARTED, index, pid))
+                    if warm and index + 1 < len(spec):
+                        _store_lead(env, pid)
             # From here on the pipes are the workers' alone: their EOF is the tree's.
             os.close(out_fd)
             os.close(err_fd)
+        for _, sock in self.parked:  # not needed: EOF, and each exits before any user code
+            os.close(sock)
+        self.parked = []
 
         poller = select.poll()
         poller.register(self.ctl, select.POLLIN)
@@ -292,6 +313,73 @@ class _Keeper:
             os._exit(127)
         raise become(how, environ, orig)
 
+    def park(self, count: int) -> None:
+        """Fork ``count`` workers ahead of the request (a keeper the zygote forked ahead of
+        its attempt), each parked before any user code until :meth:`release` hands it its
+        argv, environment and pipes: the request then starts no process. Parks none if
+        forking is unsafe now (the request's own checks then warn and fall back)."""
+        if self.zygote is None or count <= 0 or self.zygote.fork_hazard(None) is not None:
+            return
+        import _socket
+
+        for _ in range(count):
+            ours, theirs = (s.detach() for s in _socket.socketpair(
+                _socket.AF_UNIX, _socket.SOCK_STREAM))
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the parked child, until released
+                os.close(ours)
+                self.parked_worker(theirs)
+            os.close(theirs)
+            self.parked.append((pid, ours))
+
+    def parked_worker(self, sock: int) -> None:  # pragma: no cover - a parked child
+        """In a worker forked ahead: become a worker (session, death with the keeper, the
+        signal dispositions it is born with) with only ``sock`` open, wait on it for the
+        request that releases it, then leave this stack as ``fork_worker``'s child does.
+        Exits without running anything if the keeper lets it go (EOF)."""
+        become = self.zygote_module().BecomeWorker
+        try:
+            _become_worker(self.libc, self.me, self.initial, -1, -1)
+            os.closerange(3, sock)
+            os.closerange(sock + 1, os.sysconf("SC_OPEN_MAX"))
+            request = read_request(sock, Unframer())
+            if not request:
+                os._exit(0)
+            argv, env, out_fd, err_fd, how = request[0]
+            os.close(sock)
+            os.dup2(out_fd, 1)
+            os.dup2(err_fd, 2)
+            os.close(out_fd)
+            os.close(err_fd)
+            environ = {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
+            orig = [os.fsdecode(a) for a in argv]
+        except BaseException:
+            os._exit(127)
+        raise become(how, environ, orig)
+
+    def release(self, argv: list[bytes], env: dict[bytes, bytes], out_fd: int, err_fd: int,
+                how: tuple) -> int:
+        """Hand a parked worker its argv, environment, recipe and pipes; its pid, or 0 if
+        none is parked (or alive): the caller forks one now."""
+        import _socket
+        import array
+
+        while self.parked:
+            pid, sock = self.parked.pop(0)
+            data = frame([(argv, env, 0, 1, how)])
+            conn = _socket.socket(fileno=sock)
+            try:
+                sent = conn.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,
+                                              array.array("i", [out_fd, err_fd]))])
+                if sent < len(data):  # not otherwise: it may have read it all and closed
+                    conn.sendall(data[sent:])
+            except OSError:
+                continue  # it died while parked (reaped with the others): the next one
+            finally:
+                conn.close()
+            return pid
+        return 0
+
     def reap(self, block: bool) -> bool:
         """Reap every exited child (reporting workers' exits); False once none is left."""
         flags = 0 if block else os.WNOHANG
@@ -312,6 +400,8 @@ class _Keeper:
         reparented here when its parent dies, and found on the next round."""
         self.agent_gone = True
         while True:
+            if not _has_children():
+                return  # a subreaper without children has no descendants: no /proc walk
             tree = descendants(self.me, parents())
             for pid in tree:
                 _kill(pid, tree | {self.me})
@@ -322,7 +412,8 @@ class _Keeper:
 def _become_worker(libc: ctypes.CDLL, keeper_pid: int, dispositions: dict[int, object], out_fd: int,
                    err_fd: int) -> None:  # pragma: no cover - runs in the forked child
     """In a child just forked to be a worker: the signal handlers it is born with, its own
-    session, death with the keeper, and the worker's pipes as stdout and stderr."""
+    session, death with the keeper, and the worker's pipes as stdout and stderr (a worker
+    parked ahead of its request, ``out_fd`` -1, gets them when released)."""
     signal.set_wakeup_fd(-1)
     for sig, disposition in dispositions.items():
         signal.signal(sig, disposition)
@@ -331,8 +422,76 @@ def _become_worker(libc: ctypes.CDLL, keeper_pid: int, dispositions: dict[int, o
     libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     if os.getppid() != keeper_pid:
         os._exit(1)
-    os.dup2(out_fd, 1)
-    os.dup2(err_fd, 2)
+    if out_fd >= 0:
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+
+
+#: How long the keeper waits for a warm rank 0 to listen on MASTER_PORT before it starts the
+#: node's other workers (see ``_store_lead``).
+STORE_LEAD = 0.1
+
+
+def _store_lead(env: dict[bytes, bytes], pid: int) -> None:
+    """After starting global rank 0 (``pid``) from a zygote that preloaded torch.distributed:
+    wait until something listens on its MASTER_PORT, the store that
+    ``init_process_group("env://")`` has rank 0 serve, before starting the other ranks; or
+    until rank 0 waits for something else (it sleeps without listening: a script that
+    serves no store there), or :data:`STORE_LEAD` at most. Workers forked or released at
+    once would otherwise connect before it listens, and torch's store client then waits up
+    to about a second before it tries again (seen here: 0.4-0.9 s added to a restart in 3
+    runs of 6). Exec'ed workers need no lead: each imports torch first, for seconds. Polls
+    /proc every millisecond: the kernel has no event for another process's listen."""
+    port = env.get(b"MASTER_PORT", b"")
+    if env.get(b"RANK") != b"0" or not port.isdigit() or "torch.distributed" not in sys.modules:
+        return
+    import time
+
+    suffix = b":%04X" % int(port)
+    deadline = time.monotonic() + STORE_LEAD
+    while (time.monotonic() < deadline and not _listening(suffix)
+           and _state(pid) in (b"R", b"D")):
+        select.select([], [], [], 0.001)
+
+
+def _state(pid: int) -> bytes:
+    """A process's state letter in /proc (R running, S sleeping, ...); b"" if gone."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    except OSError:
+        return b""
+    try:
+        fields = os.read(fd, 4096).rpartition(b")")[2].split(None, 1)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+    return fields[0] if fields else b""
+
+
+def _listening(suffix: bytes) -> bool:
+    """Whether a TCP socket of this network namespace listens on the port ``suffix``
+    (``:PPPP``, hex, as /proc/net/tcp writes local addresses)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, "rb") as f:
+                next(f, None)  # the header
+                for line in f:
+                    fields = line.split(None, 4)
+                    if len(fields) > 3 and fields[3] == b"0A" and fields[1].endswith(suffix):
+                        return True
+        except OSError:
+            continue
+    return False
+
+
+def _has_children() -> bool:
+    """Whether this process has a child, exited or not (nothing is reaped)."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
 
 
 def _more_from(fd: int, unframer: Unframer) -> bool:

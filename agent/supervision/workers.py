@@ -439,21 +439,23 @@ class _ForkedKeeper:
     """``_Keeper.process`` for a keeper the zygote forked: no child of the agent, so its exit
     is seen on a pidfd (opened by the zygote before it could reap it), without its status."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, pidfd: int, handle: _Keeper) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, pid: int, pidfd: int,
+                 exited: asyncio.Future[int]) -> None:
         self._loop = loop
+        self._pid = pid
         self._pidfd = pidfd
-        self._handle = handle
+        self._exited = exited
         loop.add_reader(pidfd, self._gone)
 
     def _gone(self) -> None:
         self._loop.remove_reader(self._pidfd)
         os.close(self._pidfd)
         self._pidfd = -1
-        if not self._handle.exited.done():
-            self._handle.exited.set_result(-1)  # the zygote reaped it: status unknown here
+        if not self._exited.done():
+            self._exited.set_result(-1)  # the zygote reaped it: status unknown here
 
     def get_pid(self) -> int:
-        return self._handle.pid
+        return self._pid
 
     def close(self) -> None:
         """Kill it if it is still there (as a subprocess transport's close does)."""
@@ -464,9 +466,10 @@ class _ForkedKeeper:
 
 @dataclass
 class _Spare:
-    """A keeper started ahead of time, waiting for its request."""
+    """A keeper started ahead of time, waiting for its request: exec'ed, or forked by the
+    zygote with the workers of its attempt parked (``keeper._Keeper.park``)."""
 
-    process: asyncio.SubprocessTransport
+    process: asyncio.SubprocessTransport | _ForkedKeeper
     sock: socket.socket
     exited: asyncio.Future[int]
 
@@ -512,8 +515,9 @@ class WorkerGroup:
         #: What the zygote imports: --preload's modules, else what ``auto`` found (or none).
         self.preload: tuple[str, ...] = spec.preload or (
             zygote.auto_preload(spec.entrypoint) if auto else ())
-        #: The next attempt's keeper, started ahead of time (exec path; see ``_spare_ahead``).
-        self._spare: asyncio.Task[_Spare] | None = None
+        #: The next attempt's keeper, started ahead of time (exec'ed, or forked with its
+        #: workers parked; see ``_spare_ahead``).
+        self._spare: asyncio.Task[_Spare | None] | None = None
         self._spare_timer: asyncio.TimerHandle | None = None
         self._closed = False
         #: Keepers whose trees are gone, exiting (see ``_close_keeper``).
@@ -609,18 +613,22 @@ class WorkerGroup:
         handle = _Keeper(loop, self._workers, spec.entrypoint[0])
         if self.warm:
             await self.prepare()
-        if self._zygote is not None:
+        # A forked worker's recipe (a keeper that is no zygote's fork execs them anyway).
+        how = zygote.recipe(spec.entrypoint) if self.warm and spec.numa_binding is None else None
+        spare = await self._take_spare()
+        if spare is None and self._zygote is not None:
             forked = await self._start_from_zygote(loop, assignment, handle)
             if forked is not None:
                 return forked
-        try:
-            spare = await self._take_spare(loop)
-        except OSError as exc:
-            handle.fail_all(exc)
-            return handle
+        if spare is None:
+            try:
+                spare = await self._spawn_keeper(loop)
+            except OSError as exc:
+                handle.fail_all(exc)
+                return handle
         handle.process, handle.exited = spare.process, spare.exited
         handle.pid = spare.process.get_pid()
-        return await self._ask_keeper(loop, spare.sock, handle, assignment, None)
+        return await self._ask_keeper(loop, spare.sock, handle, assignment, how)
 
     async def _ask_keeper(self, loop: asyncio.AbstractEventLoop, ours: socket.socket,
                           handle: _Keeper, assignment: RankAssignment,
@@ -633,13 +641,20 @@ class WorkerGroup:
             for w in self._workers:
                 ends = await self._connect_pipes(loop, w, write_ends)
                 requests.append((*self._launch_args(w, assignment), *ends, how))
-            await asyncio.to_thread(zygote.send_request, ours, requests)
+            ours.setblocking(False)  # an idle keeper's socket has room: no thread's hop
+            try:
+                rest = zygote.send_request(ours, requests)
+            except BlockingIOError:  # none: wait for it in a thread
+                ours.setblocking(True)
+                rest = await asyncio.to_thread(zygote.send_request, ours, requests)
+                ours.setblocking(False)
+            if rest:
+                await loop.sock_sendall(ours, rest)
         except BaseException as exc:  # e.g. the keeper died just now: no worker can start
             return self._abandon_start(ours, handle, exc)
         finally:
             for fd in write_ends:
                 os.close(fd)
-        ours.setblocking(False)
         handle.channel, _ = await loop.create_unix_connection(
             lambda: _KeeperChannel(handle), sock=ours)
         return handle
@@ -665,14 +680,46 @@ class WorkerGroup:
         return _Spare(process, ours, exited)
 
     def _spare_ahead(self) -> None:
-        """Start the next attempt's keeper in the background, unless one is there or coming.
-        The exec path only: a zygote forks its keepers."""
+        """Start the next attempt's keeper in the background, unless one is there or coming:
+        exec'ed, or with a zygote, forked by it with the attempt's workers parked."""
         self._cancel_spare_timer()
-        if self._spare is not None or self._closed or (
-                self.warm and self._zygote is not None):
+        if self._spare is not None or self._closed:
             return
         loop = asyncio.get_running_loop()
+        if self.warm and self._zygote is not None:
+            if not self._zygote[2].done():  # a dead one is replaced by the next start
+                self._spare = loop.create_task(self._fork_spare(loop), name="spare keeper")
+            return
         self._spare = loop.create_task(self._spawn_keeper(loop), name="spare keeper")
+
+    async def _fork_spare(self, loop: asyncio.AbstractEventLoop) -> _Spare | None:
+        """Have the zygote fork the next attempt's keeper, which forks its ``nproc`` workers
+        at once and parks them before any user code (``keeper._Keeper.park``): the next
+        start forks nothing, it hands each parked worker its argv, environment (the new
+        round's ranks, world size, master port, restart count) and pipes. None if the zygote
+        cannot (the start then forks a keeper as without it)."""
+        assert self._zygote is not None
+        process, sock, _ = self._zygote
+        ours, theirs = socket.socketpair()
+        try:
+            # Under --numa-binding the workers are exec'ed (numactl): none to park.
+            park = self.spec.nproc if self.spec.numa_binding is None else 0
+            forked = await zygote.fork_keeper(sock, theirs.fileno(), park=park)
+        except BaseException:
+            ours.close()
+            if self._zygote is not None and self._zygote[1] is sock:
+                self._zygote = None  # its reply is unread: a new one answers the next attempt
+                sock.close()
+                process.close()
+            raise
+        finally:
+            theirs.close()
+        if not isinstance(forked, tuple):
+            ours.close()
+            return None
+        pid, pidfd = forked
+        exited: asyncio.Future[int] = loop.create_future()
+        return _Spare(_ForkedKeeper(loop, pid, pidfd, exited), ours, exited)
 
     def _spare_later(self) -> None:
         """After a start: the next keeper once the workers had time to start (on 2 cores
@@ -681,9 +728,10 @@ class WorkerGroup:
             self._spare_timer = asyncio.get_running_loop().call_later(
                 SPARE_DELAY, self._spare_ahead)
 
-    async def _take_spare(self, loop: asyncio.AbstractEventLoop) -> _Spare:
-        """The keeper started ahead for this attempt if it is alive, else one started now."""
+    async def _take_spare(self) -> _Spare | None:
+        """The keeper started ahead for this attempt if it is alive, else None."""
         pending, self._spare = self._spare, None
+        self._cancel_spare_timer()
         if pending is not None:
             try:
                 spare = await pending
@@ -691,10 +739,11 @@ class WorkerGroup:
                 log.warning("the keeper started ahead of time failed (%s): starting one now",
                             exc)
             else:
-                if not spare.exited.done() and not _hung_up(spare.sock):
+                if spare is not None and not spare.exited.done() and not _hung_up(spare.sock):
                     return spare
-                spare.close()
-        return await self._spawn_keeper(loop)
+                if spare is not None:
+                    spare.close()
+        return None
 
     def _cancel_spare_timer(self) -> None:
         if self._spare_timer is not None:
@@ -710,7 +759,9 @@ class WorkerGroup:
             spare = await pending
         except OSError:
             return
-        spare.close()  # EOF: it exits, having started nothing
+        if spare is None:
+            return
+        spare.close()  # EOF: it exits, having started nothing (its parked workers with it)
         await asyncio.wait([spare.exited], timeout=KILL_WAIT)
 
     # -- --preload: warm zygotes ------------------------------------------------------------
@@ -735,6 +786,8 @@ class WorkerGroup:
         if self._zygote is not None:
             if not self._zygote[2].done():
                 return
+            if self._spare is not None:  # it may be asking the dead zygote: its answer first
+                await asyncio.wait([self._spare])
             await self._close_zygote()  # it died: replace it
         loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair()
@@ -802,7 +855,8 @@ class WorkerGroup:
             ours.close()
             return None
         handle.pid, pidfd = forked
-        handle.process = _ForkedKeeper(loop, pidfd, handle)  # type: ignore[assignment]
+        handle.process = _ForkedKeeper(  # type: ignore[assignment]
+            loop, handle.pid, pidfd, handle.exited)
         spec = self.spec
         how = zygote.recipe(spec.entrypoint) if spec.numa_binding is None else None
         return await self._ask_keeper(loop, ours, handle, assignment, how)
@@ -1073,10 +1127,11 @@ class WorkerGroup:
                 log.error("some worker processes survived SIGKILL for %.0f s (uninterruptible "
                           "sleep?); giving up on them", KILL_WAIT)
         # Anything still in a worker's group or tree (an orphan that ignored SIGTERM after
-        # its parent died) gets SIGKILL, so nothing outlives the group.
-        # The keeper's end (at EOF it SIGKILLs whatever is left of its tree) runs while /proc
-        # is searched: both are on a restart's path, neither needs the other.
-        late_scan = asyncio.ensure_future(asyncio.to_thread(self._find_strays))
+        # its parent died) gets SIGKILL, so nothing outlives the group: the keeper's end does
+        # it for the tree (at EOF it SIGKILLs every descendant, orphans being reparented to
+        # it), while /proc is searched for the rest (a worker's marker outside the tree; not
+        # the tree again, a second walk of every process on a restart's path).
+        late_scan = asyncio.ensure_future(asyncio.to_thread(self._find_strays, False))
         closing = asyncio.ensure_future(self._close_keeper())
         try:
             late = await late_scan
@@ -1132,12 +1187,13 @@ class WorkerGroup:
         assert handle.process is not None
         handle.process.close()  # kills it if it is still there
 
-    def _find_strays(self) -> dict[int, psutil.Process]:
+    def _find_strays(self, tree: bool = True) -> dict[int, psutil.Process]:
         """Processes of the workers' trees other than the workers themselves.
 
         Children are found by parentage while their worker lives; orphans (reparented to
         init) and daemons (new session) by the worker's error file path in their
-        environment, which they inherited. Runs in a thread: it reads /proc.
+        environment, which they inherited. ``tree`` False: only the latter. Runs in a
+        thread: it reads /proc.
         """
         me = os.getpid()
         worker_pids = {w.pid for w in self._workers if w.pid}
@@ -1145,6 +1201,8 @@ class WorkerGroup:
         handle = self._keeper
         if handle is not None and handle.pid and not handle.exited.done():
             roots.append(handle.pid)  # the tree's subreaper: its descendants are the tree
+        if not tree:
+            roots = []
         found: dict[int, psutil.Process] = {}
         parents = keeper.parents() if roots else {}  # one walk of /proc for every root
         for root in roots:

@@ -30,7 +30,10 @@ names, by name, at run time):
   tree itself; at FD's EOF it exits, and the keepers live on, each until its own socket's EOF.
   The forked child leaves the zygote's stack by raising :class:`BecomeKeeper` and is an
   ordinary keeper (:mod:`.keeper`, same socket protocol, same subreaper and
-  death-with-the-agent rules) whose ``spawn`` forks. A worker it forks leaves the keeper's
+  death-with-the-agent rules) whose ``spawn`` forks; asked ``(FORK, PARK)`` (the next
+  attempt's keeper, forked while an attempt runs), it forks PARK workers at once and parks
+  them before any user code until its request hands each its argv, environment and pipes
+  (``keeper._Keeper.park``). A worker it forks leaves the keeper's
   stack by raising :class:`BecomeWorker` and runs the script at the top level of this file,
   so the interpreter's own exit path (SystemExit, atexit, threading shutdown, flushing,
   KeyboardInterrupt's death by SIGINT) is the worker's, as with ``python -u``.
@@ -72,7 +75,9 @@ no second interpreter imports it while an attempt runs or across restarts. The z
 the pages of the objects it inherited (about 40 MiB PSS of 4 torch workers here). Measured
 by ``bench/preload_bench.py --repeat 3`` (4 workers, 2 cores): peak PSS of the node 997 MiB
 with ``--preload torch``, 969 MiB without, 1073 MiB under torchrun (0.93x; the spare zygote
-of the earlier design made it 1161 MiB, 1.08x). Known differences that
+of the earlier design made it 1161 MiB, 1.08x). The next attempt's keeper and its parked
+workers, forked while an attempt runs, add about 1 MiB of private pages each. Known
+differences that
 follow: a forked worker starts with those objects in the permanent generation
 (``gc.get_freeze_count()`` > 0), and a keeper's exit status is the zygote's to reap (the
 agent sees only that it exited).
@@ -104,9 +109,13 @@ RECORDER_ENV = "ELASTIC_RECORDER"
 #: ``python -u zygote.py --worker SCRIPT|-m MODULE|-c CODE ARGS``: the exec path's worker,
 #: started through the same code as a forked one (:func:`_run_worker`), minus the preload.
 WORKER_FLAG = "--worker"
-#: agent -> zygote: ``(FORK,)`` with the keeper's socket end as SCM_RIGHTS; zygote -> agent:
-#: ``(FORKED, pid)`` with a pidfd of the keeper, or ``(REFUSED, why)``.
+#: agent -> zygote: ``(FORK,)`` or ``(FORK, PARK)`` with the keeper's socket end as
+#: SCM_RIGHTS (PARK: workers the keeper forks at once, parked until its request; see
+#: ``keeper._Keeper.park``); zygote -> agent: ``(FORKED, pid)`` with a pidfd of the keeper,
+#: or ``(REFUSED, why)``.
 FORK = "fork"
+#: The most workers a keeper parks (a node's workers: ``--nproc-per-node``'s own bound).
+MAX_PARK = 4096
 FORKED = "forked"
 REFUSED = "refused"
 _MAX_REQUEST = 64 << 20
@@ -193,10 +202,12 @@ def auto_preload(entrypoint: Sequence[str]) -> tuple[str, ...]:
     return tuple(found)
 
 
-def send_request(sock: object, requests: list[tuple]) -> None:
+def send_request(sock: object, requests: list[tuple]) -> bytes:
     """Send the workers to start to a keeper (forked or exec'ed: ``keeper.read_request``):
     each request's two pipe descriptors travel as SCM_RIGHTS and are replaced by their index
-    in the message. Blocking (the keeper is reading)."""
+    in the message. On a blocking socket, all of it (the keeper is reading); on a
+    non-blocking one, what fits in its buffer, with the descriptors: returns the rest, to be
+    sent as its room comes (BlockingIOError if nothing fitted)."""
     import socket
 
     from elastic_agent.supervision.keeper import frame
@@ -209,12 +220,23 @@ def send_request(sock: object, requests: list[tuple]) -> None:
     data = frame(message)
     sent = sock.sendmsg([data[:1]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                        array.array("i", fds))])
-    sock.sendall(data[sent:])
+    rest = memoryview(data)[sent:]
+    if sock.getblocking():
+        sock.sendall(rest)
+        return b""
+    while rest:
+        try:
+            rest = rest[sock.send(rest):]
+        except BlockingIOError:
+            break
+    return bytes(rest)
 
 
-async def fork_keeper(sock: object, keeper_fd: int) -> tuple[int, int] | str | None:
+async def fork_keeper(sock: object, keeper_fd: int,
+                      park: int = 0) -> tuple[int, int] | str | None:
     """Ask the zygote on ``sock`` to fork a keeper whose end of the agent's socket is
-    ``keeper_fd`` (sent as SCM_RIGHTS; the caller closes its copy). Returns the keeper's pid
+    ``keeper_fd`` (sent as SCM_RIGHTS; the caller closes its copy) and that forks ``park``
+    workers at once, parked until its request (a keeper forked ahead of its attempt). Returns the keeper's pid
     and a pidfd of it (the caller's to close: the keeper is no child of the agent, and the
     zygote opened the pidfd before it could reap the keeper, so it names that process even
     if it has exited); None if the zygote refused (on a hazard it has warned about, once, on
@@ -227,7 +249,7 @@ async def fork_keeper(sock: object, keeper_fd: int) -> tuple[int, int] | str | N
     assert isinstance(sock, socket.socket)
     loop = asyncio.get_running_loop()
     sock.setblocking(False)
-    data = frame((FORK,))
+    data = frame((FORK, park) if park else (FORK,))
     try:  # a few bytes on an idle socket: the send buffer has room
         sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                       array.array("i", [keeper_fd]))])
@@ -291,10 +313,11 @@ class BecomeKeeper(BaseException):
     """Raised in a child the zygote forked to be an attempt's keeper: it unwinds the
     zygote's loop, whose descriptors it closes, and keeps at the top level of this file."""
 
-    def __init__(self, keeper_fd: int, close: Sequence[int]) -> None:
+    def __init__(self, keeper_fd: int, close: Sequence[int], park: int = 0) -> None:
         super().__init__()
         self.keeper_fd = keeper_fd
         self.close = close
+        self.park = park
 
 
 class Zygote:
@@ -388,7 +411,8 @@ class Zygote:
                 if not data or flags & socket.MSG_CTRUNC:
                     return 0  # the agent is gone (or sent garbage): the keepers live on
                 for message in unframer.feed(data):
-                    if message != (FORK,) or not fds:
+                    park = _fork_request(message)
+                    if park is None or not fds:
                         continue  # nothing else is asked; a FORK always brings its fd
                     keeper_fd = fds.pop(0)
                     hazard = no_pidfd or self.fork_hazard(None)
@@ -403,7 +427,7 @@ class Zygote:
                     pid = os.fork()
                     if pid == 0:  # pragma: no cover - the keeper, until it keeps
                         sock.detach()  # closed below by number, not again by the object
-                        raise BecomeKeeper(keeper_fd, [ctl, wake_r, wake_w, *fds])
+                        raise BecomeKeeper(keeper_fd, [ctl, wake_r, wake_w, *fds], park)
                     os.close(keeper_fd)
                     pidfd = os.pidfd_open(pid)  # before any reap: it names this process
                     try:
@@ -422,6 +446,16 @@ class Zygote:
                 (socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
         except OSError:
             pass  # the agent is gone: EOF comes next
+
+
+def _fork_request(message: object) -> int | None:
+    """``(FORK,)`` -> 0, ``(FORK, PARK)`` -> PARK; None for anything else."""
+    if not isinstance(message, tuple) or not message or message[0] != FORK:
+        return None
+    if len(message) == 1:
+        return 0
+    park = message[1]
+    return park if len(message) == 2 and type(park) is int and 0 <= park <= MAX_PARK else None
 
 
 def _drain(fd: int) -> None:
@@ -600,7 +634,8 @@ def _keep(exc: BecomeKeeper) -> int:
     keeper.signal.set_wakeup_fd(-1)  # type: ignore[attr-defined]
     for fd in exc.close:
         os.close(fd)
-    return keeper._Keeper(exc.keeper_fd, zygote=_ZYGOTE).run()  # type: ignore[attr-defined]
+    return keeper._Keeper(exc.keeper_fd, zygote=_ZYGOTE,  # type: ignore[attr-defined]
+                          park=exc.park).run()
 
 
 _ZYGOTE: Zygote | None = None
