@@ -92,6 +92,7 @@ from elastic_agent.coordination.protocol import (
 )
 from elastic_agent.supervision.standalone import RedisServer
 from elastic_console.app import ConsoleApp
+from elastic_console.cli import status_object
 from elastic_console.client import JobClient
 from elastic_console.state import BatchDeduper, ConnectionChange, JobView
 
@@ -426,21 +427,7 @@ async def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProces
 
 def view_json(view: JobView, job: str, redis_display: str) -> dict[str, Any]:
     """The console's view in the shape of ``elastic-console status JOB --json``."""
-    ranks = [view.ranks[r] for r in sorted(view.ranks)]
-    out = {
-        "job": job, "redis": redis_display, "state": view.state, "round": view.round,
-        "world_size": view.world_size, "min_nodes": view.min_nodes,
-        "max_nodes": view.max_nodes, "restarts_used": view.restarts_used,
-        "max_restarts": view.max_restarts, "created_ms": view.created_ms,
-        "last_heartbeat_ms": view.lost_since_ms,
-        "nodes": {n: {"host": i.host, "status": i.status, "group_rank": i.group_rank}
-                  for n, i in view.nodes.items()},
-        "ranks": [{"rank": r.rank, "host": r.host, "node": r.node, "local_rank": r.local_rank,
-                   "pid": r.pid, "state": r.state, "restarts": r.restarts,
-                   "last_exit": r.last_exit, "cpu": r.cpu, "rss": r.rss, "threads": r.threads}
-                  for r in ranks],
-        "root_cause": view.root_cause,
-    }
+    out = status_object(view, job, redis_display)
     return json.loads(json.dumps(out, default=str))  # the same types a JSON reader gets
 
 

@@ -418,6 +418,24 @@ def _rank_json(r: RankState) -> dict[str, Any]:
             "cpu": r.cpu, "rss": r.rss, "threads": r.threads}
 
 
+def status_object(view: JobView, job: str, redis_display: str) -> dict[str, Any]:
+    """What ``status --json`` prints of a job's view (the TTL aside): also what bench/chaos.py
+    compares an attached console's view with, so both always show the same fields."""
+    return {
+        "job": job, "redis": redis_display, "state": view.state, "round": view.round,
+        "world_size": view.world_size, "min_nodes": view.min_nodes,
+        "max_nodes": view.max_nodes, "restarts_used": view.restarts_used,
+        "max_restarts": view.max_restarts, "created_ms": view.created_ms,
+        "last_heartbeat_ms": view.lost_since_ms,
+        "nodes": {n: {"host": i.host, "status": i.status, "group_rank": i.group_rank}
+                  for n, i in view.nodes.items()},
+        "ranks": [_rank_json(view.ranks[r]) for r in sorted(view.ranks)],
+        "root_cause": view.root_cause,
+        "stragglers": view.stragglers,
+        "patterns": list(view.patterns.values()),  # the restart patterns (issue 22)
+    }
+
+
 async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
     job = _job(args)
     client = await _open(ep, job)
@@ -431,20 +449,8 @@ async def _status(ep: Endpoint, args: argparse.Namespace) -> int:
     expires = (view.expires_in_ms / 1000 if view.expires_in_ms is not None and (
         view.is_final or view.state == "lost") else None)
     if args.json:
-        _out(json.dumps({
-            "job": job, "redis": ep.display, "state": view.state, "round": view.round,
-            "world_size": view.world_size, "min_nodes": view.min_nodes,
-            "max_nodes": view.max_nodes, "restarts_used": view.restarts_used,
-            "max_restarts": view.max_restarts, "created_ms": view.created_ms,
-            "last_heartbeat_ms": view.lost_since_ms,
-            "nodes": {n: {"host": i.host, "status": i.status, "group_rank": i.group_rank}
-                      for n, i in view.nodes.items()},
-            "ranks": [_rank_json(r) for r in ranks],
-            "root_cause": view.root_cause,
-            "stragglers": view.stragglers,
-            "expires_in_s": expires,
-            "patterns": list(view.patterns.values()),  # the restart patterns (issue 22)
-        }, default=str))
+        _out(json.dumps({**status_object(view, job, ep.display), "expires_in_s": expires},
+                        default=str))
         return EXIT_OK
     rnd = f" (round {view.round})" if view.round is not None else ""
     if view.lost_since_ms is not None and not view.is_final:
