@@ -38,6 +38,7 @@ from elastic_agent.coordination.connection import make_client
 from elastic_agent.coordination.protocol import LogBatch
 from elastic_agent.supervision.standalone import RedisServer
 from elastic_console.client import JobClient
+from elastic_console.gc_policy import GcPolicy
 from elastic_console.state import JobView
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -77,6 +78,7 @@ async def follow_live(url: str, seconds: float) -> dict[str, float]:
     r = make_client(url)
     try:
         await client.history(max_events=10, max_log_entries_per_stream=0)  # cursor: now
+        GcPolicy().settle()  # the app's collector settings (no full collection on its own)
         before = r.info("commandstats").get("cmdstat_xread", {})
         got = newest = 0
         t0, c0 = time.perf_counter(), time.process_time()
