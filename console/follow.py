@@ -46,6 +46,20 @@ DECODE_SLICE = 32
 #: 64 nodes, ~0.2 ms just to encode) and wakes as soon as any stream has an entry, so a busy
 #: job was read in hundreds of tiny replies a second; waiting this long lets entries gather.
 READ_INTERVAL_S = 0.02
+#: ...and at least this long per stream it names, up to READ_INTERVAL_MAX_S (read_interval).
+#: A read costs ~2.5 us per stream here (its arguments, the cursor, the reply's keys) and
+#: about as much in Redis, whether a stream has entries or not: at 4,096 streams, 50 reads a
+#: second were half a core for nothing; one every 0.1 s is ~10% and still ahead of the 10 Hz
+#: refresh.
+READ_INTERVAL_PER_STREAM_S = 25e-6
+READ_INTERVAL_MAX_S = 0.1
+#: Entries one read may bring back over all its streams (read_count): COUNT per stream is this
+#: share, between READ_COUNT_MIN and READ_COUNT. A console that fell behind 4,096 streams
+#: asked for 250 of each: replies of up to a million entries (hundreds of MiB at once, the
+#: process's peak RSS). 8 per stream every 0.1 s is still 4x what an agent writes
+#: (``LOG_LINGER``). The events stream gets its own reads when one read's share was not enough.
+READ_BUDGET = 32_768
+READ_COUNT_MIN = 8
 BACKOFF_START, BACKOFF_MAX = 0.05, 1.0
 
 _CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, socket.timeout, OSError)
@@ -53,6 +67,16 @@ _CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, socket.timeout,
 # on the same ordered publisher); the timed refresh catches the rest.
 _NEW_STREAM_EVENTS = frozenset({EventType.NODE_JOINED, EventType.RENDEZVOUS_COMPLETE,
                                 EventType.WORKERS_STARTED})
+
+
+def read_interval(streams: int) -> float:
+    """Seconds from one XREAD to the next over ``streams`` streams (see READ_INTERVAL_S)."""
+    return min(READ_INTERVAL_MAX_S, max(READ_INTERVAL_S, streams * READ_INTERVAL_PER_STREAM_S))
+
+
+def read_count(streams: int) -> int:
+    """The COUNT of one XREAD over ``streams`` streams (see READ_BUDGET)."""
+    return max(READ_COUNT_MIN, min(READ_COUNT, READ_BUDGET // max(1, streams)))
 
 
 class Following:
@@ -146,35 +170,69 @@ class Following:
             yield piece
 
     async def _pieces(self, logs: bool, size: int) -> AsyncIterator[list[Record]]:
-        """The records of :meth:`_replies`, decoded ``size`` entries of a stream at a time,
-        the cursor moved past those entries before their records are yielded; a
-        :class:`Skipped` alone after a read that skipped any, a ConnectionChange alone."""
+        """The records of :meth:`_replies`, decoded ``size`` entries at a time, the cursor
+        moved past those entries before their records are yielded; a :class:`Skipped` alone
+        after a read that skipped any, a ConnectionChange alone.
+
+        The log entries of several streams go into one list: at 4,096 nodes a read brings
+        one or two entries of each of hundreds of streams, and a list (and a decode, and a
+        fold by the consumer) per stream cost more than the entries in it."""
         k = self.keys
         decoder = LogEntryDecoder()
+        last_ids = self._last_ids
         async for reply in self._replies(logs):
             if isinstance(reply, ConnectionChange):
                 yield [reply]
                 continue
             skipped_before = self.skipped
+            chunk: list[Any] = []  # log entries to decode together, of one or more streams
+            ends: dict[str, Any] = {}  # stream -> the id of its last entry in chunk
             for key, entries in reply:
                 stream = _s(key)
-                for i in range(0, len(entries), size):
-                    part = entries[i:i + size]
-                    out: list[Record]
-                    if stream == k.events:
-                        out = [ev for ev in (self._event(_s(e[0]), e[1]) for e in part)
-                               if ev is not None]
-                    else:
-                        batches, refused = decoder.decode(part)
-                        out = batches  # type: ignore[assignment]
-                        self.skipped += refused
-                    # Advance before yielding: a consumer that stops here resumes after it.
-                    self._last_ids[stream] = _s(part[-1][0])
-                    if out:
-                        yield out
+                if stream == k.events:
+                    if chunk:  # the order of the reply is kept
+                        out = self._decode_chunk(decoder, chunk, ends)
+                        chunk, ends = [], {}
+                        if out:
+                            yield out
+                    for i in range(0, len(entries), size):
+                        part = entries[i:i + size]
+                        events = [ev for ev in (self._event(_s(e[0]), e[1]) for e in part)
+                                  if ev is not None]
+                        # Advance before yielding: a consumer that stops here resumes after it.
+                        last_ids[stream] = _s(part[-1][0])
+                        if events:
+                            yield events  # type: ignore[misc]
+                    continue
+                i, n = 0, len(entries)
+                while i < n:
+                    room = size - len(chunk)
+                    part = entries if i == 0 and n <= room else entries[i:i + room]
+                    chunk += part
+                    ends[stream] = part[-1][0]
+                    i += len(part)
+                    if len(chunk) >= size:
+                        out = self._decode_chunk(decoder, chunk, ends)
+                        chunk, ends = [], {}
+                        if out:
+                            yield out
+            if chunk:
+                out = self._decode_chunk(decoder, chunk, ends)
+                if out:
+                    yield out
             if self.skipped != skipped_before or self._reported_skips != self.skipped:
                 self._reported_skips = self.skipped
                 yield [Skipped(self.skipped)]
+
+    def _decode_chunk(self, decoder: LogEntryDecoder, chunk: list[Any],
+                      ends: dict[str, Any]) -> list[Record]:
+        """Decode log entries and move the cursor of each stream past its last one."""
+        batches, refused = decoder.decode(chunk)
+        self.skipped += refused
+        last_ids = self._last_ids
+        for stream, entry_id in ends.items():
+            last_ids[stream] = _s(entry_id)
+        return batches  # type: ignore[return-value]
 
     def _event(self, eid: str, fields: Any) -> Event | None:
         """A followed event, or None (counted as skipped); one that may announce a new log
@@ -203,6 +261,7 @@ class Following:
         backoff = BACKOFF_START
         next_refresh = 0.0
         last_read = 0.0
+        events_behind = False  # the last read brought as many events as it asked for
         while True:
             raise_if_cancelled()
             reply: Any = None
@@ -226,15 +285,25 @@ class Following:
                         self._refresh_due = False
                         await self._refresh_streams()
                         next_refresh = time.monotonic() + STREAMS_REFRESH_S
-                    ids = {key: last for key, last in self._last_ids.items()
-                           if key not in self._bad_keys and (logs or key == k.events)}
-                    wait = last_read + READ_INTERVAL_S - time.monotonic()
-                    if wait > 0:
-                        await asyncio.sleep(wait)  # let entries gather (READ_INTERVAL_S)
-                    last_read = time.monotonic()
-                    if ids:
-                        reply = await self._xread(ids)
-                    else:  # every key refused: wait for a refresh to find a readable one
+                    events_last = self._last_ids.get(k.events)
+                    if events_behind and events_last is not None:
+                        # A burst of events (a restart of 32,768 ranks is as many): they are
+                        # read alone, READ_COUNT at a time and at once, not a share per read.
+                        ids = {k.events: events_last}
+                        count = READ_COUNT
+                        reply = await self._reader.xread(ids, count=count)
+                    else:
+                        ids = {key: last for key, last in self._last_ids.items()
+                               if key not in self._bad_keys and (logs or key == k.events)}
+                        wait = last_read + read_interval(len(ids)) - time.monotonic()
+                        if wait > 0:
+                            await asyncio.sleep(wait)  # let entries gather (read_interval)
+                        last_read = time.monotonic()
+                        count = read_count(len(ids))
+                        if ids:
+                            reply = await self._xread(ids, count)
+                    events_behind = False
+                    if not ids:  # every key refused: wait for a refresh to find a readable one
                         await asyncio.sleep(STREAMS_REFRESH_S)
                         next_refresh = 0.0
                 except _CONNECTION_ERRORS as exc:
@@ -254,9 +323,11 @@ class Following:
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
             if reply:
+                events_behind = any(len(entries) >= count and _s(key) == k.events
+                                    for key, entries in reply)
                 yield reply
 
-    async def _xread(self, ids: dict[str, str]) -> list[Any]:
+    async def _xread(self, ids: dict[str, str], count: int = READ_COUNT) -> list[Any]:
         """One ``XREAD BLOCK`` over ``ids``; on a cluster, one per hash slot the keys are in
         (Redis refuses a multi-key command across slots, even on one node): the job's slot
         (events, old-shape log streams) and each tag of its log streams (at most
@@ -264,7 +335,7 @@ class Following:
         when any of them has entries; the others stay pending, with their ids, for the next
         call (no other read names their keys, so their cursors cannot move meanwhile)."""
         if not self._cluster:
-            reply = await self._reader.xread(ids, count=READ_COUNT, block=BLOCK_MS)
+            reply = await self._reader.xread(ids, count=count, block=BLOCK_MS)
             return reply or []
         # Concurrent first commands of an uninitialized cluster client raced its set-up
         # (a connection closed under another's handshake): set it up before they start.
@@ -279,7 +350,7 @@ class Following:
         for slot, group in groups.items():
             if slot not in self._reads:
                 self._reads[slot] = asyncio.ensure_future(
-                    self._reader.xread(group, count=READ_COUNT, block=BLOCK_MS))
+                    self._reader.xread(group, count=count, block=BLOCK_MS))
         done, _ = await asyncio.wait(self._reads.values(), return_when=asyncio.FIRST_COMPLETED)
         out: list[Any] = []
         failure: BaseException | None = None
