@@ -54,6 +54,7 @@ async def fold(url: str, feeder: console_bench.Feeder, seconds: float) -> dict[s
     try:
         await client.history(max_events=10, max_log_entries_per_stream=0)  # cursor: now
         lines = feeder.prefill(seconds)
+        GcPolicy().settle()  # the app's collector settings (no full collection on its own)
         entries = feeder.entries_written
         got = batches = 0
         t0 = time.perf_counter()
