@@ -1,10 +1,12 @@
-"""The parts of a node's log entry are parsed by the JSON scanner directly (a console reads ~50k
-such entries a second at 32,768 ranks), accepting and refusing exactly what json.loads does."""
+"""JSON from Redis (a node log entry's parts, decode_json's records) is parsed by the JSON
+scanner directly (a console reads ~50k node entries a second at 32,768 ranks, `status` 32,768
+resource samples), accepting and refusing exactly what json.loads does."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,7 +34,7 @@ json_values = st.recursive(
 
 
 def _same(raw) -> None:
-    a, b = outcome(protocol._parts_json, raw), outcome(json.loads, raw)
+    a, b = outcome(protocol._loads, raw), outcome(json.loads, raw)
     if a[0] == "ok" and b[0] == "ok":
         assert json.dumps(a[1]) == json.dumps(b[1])
     else:
@@ -73,3 +75,17 @@ def test_agents_entries_skip_json_loads(monkeypatch):
     spaced[5] = b" " + spaced[5] + b"\n"
     assert [b.rank for b in decode_log_entries(eid, dict(zip(spaced[::2], spaced[1::2])))] == [0, 1]
     assert len(loads) == 1
+
+
+def test_decode_json_skips_json_loads(monkeypatch):
+    loads = []
+    real = json.loads
+    monkeypatch.setattr(protocol.json, "loads", lambda raw, *a, **k: loads.append(raw)
+                        or real(raw, *a, **k))
+    sample = b'{"cpu":97.5,"rss":123456789,"threads":12,"pid":4242,"ts":1700000000.25}'
+    assert protocol.decode_json(sample, "a sample", 1024)["rss"] == 123456789
+    assert loads == []
+    with pytest.raises(protocol.ProtocolError, match="not valid JSON"):
+        protocol.decode_json(b"{'cpu': 1}", "a sample", 1024)
+    with pytest.raises(protocol.ProtocolError, match="not valid JSON"):
+        protocol.decode_json(b"[" * 100_000 + b"]" * 100_000, "a sample", 10**6)
