@@ -35,7 +35,8 @@ Setup (one invocation)
   - the *console*: the real ``ConsoleApp(job, endpoint=..., scrollback=N, freeze_gc=True,
     cursor_blink=False)`` (``run_app``'s settings), headless, ``run_test(size=(200, 60))``.
     It waits until the history is folded in and every rank is in the rank table, then until
-    it is steady (newest line less than 1 s old, 2 s at least), then measures for
+    it is steady (newest line less than 1 s old, 2 s at least; ``--steady-max``, 60 s, at
+    most), then measures for
     ``--seconds``.
 
 What "key latency" measures
@@ -108,7 +109,8 @@ default scrollback or less, ended at 300 MiB at most; 1 otherwise.
 
     python bench/console_bench.py [--seconds 20] [--rate 50000] [--ranks 1024]
                                   [--scrollback 500,2000] [--history 30] [--hold 20]
-                                  [--memory-max 120] [--quick] [--profile DIR] [--trace-stalls]
+                                  [--memory-max 120] [--steady-max 60] [--quick] [--profile DIR]
+                                  [--trace-stalls]
 """
 
 from __future__ import annotations
@@ -840,7 +842,7 @@ async def console_run(args: argparse.Namespace) -> dict[str, Any]:
         result["history_lines"] = app.view.lines_total
         t_loaded = time.perf_counter()
         await _wait(lambda: time.perf_counter() - t_loaded >= STEADY_MIN_S
-                    and _newest_age_ms(app) < STEADY_LAG_MS, 60, "steady feed",
+                    and _newest_age_ms(app) < STEADY_LAG_MS, args.steady_max, "steady feed",
                     lambda: f"(newest line {_newest_age_ms(app):.0f} ms old, "
                             f"{app.view.lines_total:,} lines absorbed)")
         result["steady_s"] = time.perf_counter() - t_loaded
@@ -1111,6 +1113,7 @@ def run_setting(children: Children, server: RedisServer, args: argparse.Namespac
         raise SystemExit(f"scrollback {scrollback}: the feeder did not start")
     assert server.proc is not None
     console_argv = ["--console", *common, "--scrollback", str(scrollback),
+                    "--steady-max", str(args.steady_max),
                     "--seconds", str(args.seconds), "--watch", f"{feeder.pid},{server.proc.pid}",
                     "--hold", str(args.hold), "--memory-max", str(args.memory_max)]
     if args.profile:
@@ -1214,6 +1217,10 @@ def print_table(results: list[dict[str, Any]], args: argparse.Namespace) -> None
     row("CPU % of a core: console / feeder / redis / other",
         [f"{100 * r['cpu']:.0f} / {100 * r['cpu_feeder']:.0f} / {100 * r['cpu_redis']:.0f}"
          f" / {100 * r['cpu_other']:.0f}" for r in results], "other ~0")
+    # What the console spends per line, whatever share of the machine it got: on a loaded
+    # machine the figure to compare between runs.
+    row("console CPU us per line absorbed",
+        [f"{1e6 * r['cpu'] / max(1.0, r['absorbed_rate']):.1f}" for r in results])
     row("frames/s (KiB per frame)",
         [f"{r['frames_per_s']:.1f} ({r['bytes_per_frame'] / 1024:.1f})" for r in results])
     row("history: lines loaded in s",
@@ -1271,6 +1278,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="s between the two memory measurements after the rings turned over")
     parser.add_argument("--memory-max", type=float, default=120.0,
                         help="longest wait after the keys for the rings to fill and turn over")
+    parser.add_argument("--steady-max", type=float, default=60.0,
+                        help="longest wait after the history for the console to keep up")
     parser.add_argument("--quick", action="store_true", help="a short run (smoke test)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--profile", default="",

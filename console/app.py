@@ -291,8 +291,6 @@ class ConsoleApp(App[int]):
         self._next_table = 0.0
         self._next_full = 0.0
         self._blocks: tuple[str, ...] | None = None
-        self._active_key: tuple[int, int] | None = None  # _any_active_node's cache
-        self._any_active = False
         self._dialogs: dict[int, CommandDialog] = {}
         self._filter_text = ""
         self._filter_timer: Any = None
@@ -853,13 +851,8 @@ class ConsoleApp(App[int]):
         return ""
 
     def _any_active_node(self) -> bool:
-        """Is any agent there to receive a command? Asked for each command on every refresh;
-        active_nodes() builds a dict of every node (4,096), so once per view version."""
-        key = (id(self.view), self.view.version)
-        if key != self._active_key:
-            self._active_key = key
-            self._any_active = bool(self.view.active_nodes())
-        return self._any_active
+        """Is any agent there to receive a command? Asked for each command on every refresh."""
+        return self.view.active_node_count() > 0
 
     def _refresh_blocks(self, force: bool = False) -> None:
         blocks = tuple(self.block_reason(a) for a in _VERBS)

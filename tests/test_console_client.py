@@ -22,6 +22,7 @@ from elastic_agent.coordination.protocol import (
     encode_log_batch,
 )
 from elastic_console import client as client_module
+from elastic_console import follow as follow_module
 from elastic_console.client import HISTORY_STREAMS_PER_READ, ConnectionChange, JobClient
 from elastic_console.state import Skipped
 from tests.agents import SCRIPTS, Agent, wait_until
@@ -141,7 +142,7 @@ def test_follow_reads_at_most_every_read_interval_and_loses_nothing(redis_url, r
             elapsed = loop.time() - t0
             await wait_until_async(lambda: len(col.of(LogBatch)) >= len(written), 10, "every entry")
             assert [b.id for b in col.of(LogBatch)] == written
-            assert reads <= elapsed / client_module.READ_INTERVAL_S + 5, (reads, elapsed)
+            assert reads <= elapsed / follow_module.READ_INTERVAL_S + 5, (reads, elapsed)
             await col.stop()
         finally:
             await client.close()
@@ -533,7 +534,7 @@ def test_reading_thousands_of_resource_samples_lets_the_event_loop_run(redis_url
 def test_follow_many_hands_a_big_read_over_in_small_lists(redis_url, r, job_id, monkeypatch):
     """A read holds up to READ_COUNT entries of every stream: follow_many decodes and yields
     DECODE_SLICE entries' records at a time, so the console gets control back in between."""
-    monkeypatch.setattr(client_module, "DECODE_SLICE", 8)
+    monkeypatch.setattr(follow_module, "DECODE_SLICE", 8)
     add_event(r, job_id, EventType.NODE_JOINED, host="a")
     add_logs(r, job_id, "a-1-x", 0, 1, "before")
 

@@ -208,6 +208,62 @@ def test_the_ranks_rings_share_a_bound_on_lines(monkeypatch):
     run(app, body)
 
 
+def test_the_active_nodes_are_counted_again_only_after_an_event():
+    # The header and the command keys ask 10 times a second; at 4,096 nodes a dict of them
+    # each time was ~4% of the console's time while lines arrive.
+    view = JobView("big", scrollback=10)
+    nodes = [{"node": f"n{i}-1-x", "host": f"h{i}", "group_rank": i, "nproc": 1}
+             for i in range(64)]
+    for n in nodes:
+        ev(view, T0, EventType.NODE_JOINED, n["node"], host=n["host"])
+    ev(view, T0 + 1, EventType.RENDEZVOUS_COMPLETE, "n0-1-x", round=0, world_size=64,
+       nodes=nodes)
+    built = [0]
+    active_nodes = view.active_nodes
+
+    def counting() -> dict[str, str]:
+        built[0] += 1
+        return active_nodes()
+
+    view.active_nodes = counting  # type: ignore[method-assign]
+    for k in range(50):  # refreshes while lines arrive
+        logs(view, T0 + 10 + k, "n3-1-x", 3, k + 1, [f"line {k}"])
+        assert view.active_node_count() == 64
+    assert built[0] == 1
+    ev(view, T0 + 100, EventType.NODE_LEFT, "n5-1-x", host="h5")
+    assert view.active_node_count() == 63 and view.active_node_count() == 63
+    assert built[0] == 2
+
+
+def test_rank_order_is_not_sorted_again_while_the_ranks_stay(monkeypatch):
+    # Once a second the table's order is recomputed; by rank (the default) only the ranks
+    # themselves change it: sorting 32,768 of them by a key was 15-30 ms of a tick.
+    view = big_view(256)
+    app = App("big", view=view, clock=lambda: T0 + 5000)
+
+    async def body(pilot: Pilot[int], app: App) -> None:
+        table = app.rank_table
+        keyed = [0]
+        original = rank_table.SORT_KEYS["rank"]
+
+        def counting(r: Any) -> Any:
+            keyed[0] += 1
+            return original(r)
+
+        monkeypatch.setitem(rank_table.SORT_KEYS, "rank", counting)
+        for _ in range(5):
+            table.sync(view, T0 + 5000, full=True)
+        assert keyed[0] == 0 and table.order() == list(range(256))
+        ev(view, T0 + 10, EventType.RENDEZVOUS_COMPLETE, "a-1-x", round=1, world_size=200,
+           nodes=[{"node": "a-1-x", "host": "a", "group_rank": 0, "nproc": 200}])
+        table.sync(view, T0 + 5000, full=True)  # fewer ranks: the order follows
+        assert table.order() == list(range(200))
+        await pilot.press("o")  # another column: sorted by its key
+        assert table.sort_column != "rank" and table.row_count == 200
+
+    run(app, body)
+
+
 def test_resource_samples_of_a_rank_cost_little_and_survive_hostile_numbers():
     # 32,768 ranks x 120 samples as deques of Python numbers were 382 MiB of the console's
     # 1 GiB; as arrays of doubles ~2 KiB a rank.

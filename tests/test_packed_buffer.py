@@ -17,7 +17,14 @@ import pytest
 from elastic_agent.coordination.protocol import LogBatch
 from elastic_console import packed_buffer
 from elastic_console.logbuffer import LogBuffer
-from elastic_console.packed_buffer import BLOCK, KEEP, PackedLogBuffer
+from elastic_console.packed_buffer import (
+    BLOCK,
+    KEEP,
+    SMALL_BLOCK,
+    SMALL_KEEP,
+    SMALL_RING,
+    PackedLogBuffer,
+)
 from elastic_console.state import JobView
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
@@ -38,7 +45,8 @@ def realistic(n: int, start: int = 0) -> list[tuple[int, int, str, str]]:
 
 def test_it_behaves_as_logbuffer_under_appends_redraws_and_clears() -> None:
     rnd = random.Random(11)
-    for cap in (1, KEEP, BLOCK - 1, BLOCK, BLOCK + KEEP + 1, 2 * BLOCK + 1, 300):
+    for cap in (1, KEEP, BLOCK - 1, BLOCK, BLOCK + KEEP + 1, 2 * BLOCK + 1, 128, SMALL_RING,
+                SMALL_RING + 1, 300):
         packed, plain = PackedLogBuffer(cap), LogBuffer(cap)
         made = 0
         for _ in range(400):
@@ -93,6 +101,20 @@ def test_a_full_ring_costs_a_fraction_of_logbuffers() -> None:
         del buf
     # ~240 bytes a line as tuples; ~40 packed (the newest lines stay tuples).
     assert cost[PackedLogBuffer] < 60 and cost[PackedLogBuffer] * 4 < cost[LogBuffer], cost
+
+
+def test_a_small_ring_keeps_few_lines_as_tuples() -> None:
+    # 32,768 ranks share RANK_LINES_TOTAL: 128 lines a ring. With 32-line blocks and 8 kept,
+    # a fifth of such a ring stayed tuples, most of the console's memory at that size.
+    small, big = PackedLogBuffer(128), PackedLogBuffer(SMALL_RING + 1)
+    most = {small: 0, big: 0}
+    for start in range(1000):  # a line at a time, as a rank of a big job prints
+        for ring in most:
+            ring.extend(realistic(1, start))
+            most[ring] = max(most[ring], len(ring._recent))
+    assert most[small] == SMALL_KEEP + SMALL_BLOCK - 1
+    assert most[big] == KEEP + BLOCK - 1  # a bigger ring keeps the bigger blocks
+    assert list(small) == realistic(1000)[-128:]
 
 
 def test_a_scan_unpacks_each_block_once(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -53,7 +53,7 @@ class JobHeader(Static):
         t.append(f" {state.upper()} ", JOB_STATE_STYLES.get(state, _VALUE))
         t.append("   round ", _LABEL)
         t.append(_q(view.round), _VALUE)
-        active = len(view.active_nodes())
+        active = view.active_node_count()
         t.append("   nodes ", _LABEL)
         t.append(str(active), _VALUE)
         t.append(f" ({_q(view.min_nodes)}..{_q(view.max_nodes)})", _LABEL)

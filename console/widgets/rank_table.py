@@ -9,8 +9,9 @@ a handful of Segments when it is drawn; nothing else is kept per rank.
 :meth:`RankTable.sync` is called a few times a second by the app:
 
 * the row order (a list of ranks) comes from the JobView's facts, never from cell text. It is
-  recomputed when ranks appear or disappear and with ``full=True`` (about once a second);
-  the cursor stays on the same rank;
+  recomputed when ranks appear or disappear and with ``full=True`` (about once a second),
+  except in rank order, which only the ranks themselves change (sorting 32,768 ranks by a
+  key was 15-30 ms of a tick); the cursor stays on the same rank;
 * only the rows on screen are recomputed and compared with what was drawn; the widget is
   repainted only when one of them changed, so a tick costs a few dozen comparisons whatever
   the number of ranks. Rows scrolled into view are computed when they are drawn.
@@ -471,6 +472,8 @@ class RankTable(RowCursor):
                 self._shown.pop(rank, None)
                 self._rows.pop(rank, None)
             full = True
+        elif self.sort_column == "rank":
+            full = False  # the same ranks in rank order: nothing to sort again
         if full:
             self._apply_order(view)
         self._sync_visible()
@@ -514,7 +517,8 @@ class RankTable(RowCursor):
             order = self._group(view)
         else:
             keyfn = SORT_KEYS[self.sort_column]
-            order = sorted(ranks, key=lambda r: keyfn(ranks[r]), reverse=self.sort_reverse)
+            order = (sorted(ranks, reverse=self.sort_reverse) if self.sort_column == "rank"
+                     else sorted(ranks, key=lambda r: keyfn(ranks[r]), reverse=self.sort_reverse))
         if order == self._order and target is None:
             return
         selected = self.selected_key if target is None else target
