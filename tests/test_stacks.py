@@ -227,3 +227,36 @@ def test_stack_signal_flag_and_off(tmp_path):
                           log_dir=tmp_path / "j", stack_signal=signum)
         assert ("--worker" in worker_argv(spec, 0)) is wrapped
         assert (stacks.STACKS_ENV in worker_env(spec, a, 0, {})) is wrapped
+
+
+def test_replies_behind_every_nodes_ack_are_all_read(redis_url, r, job_id):
+    """Each node acks after publishing its ranks' replies; the acks (one per node) are read
+    faster than the replies (one per rank): every reply in the stream's tail after the last
+    ack is still read, however many reads long it is."""
+    from elastic_agent.coordination.protocol import StackReply, encode_event, encode_stack_reply
+
+    keys = JobKeys(job_id)
+    request = "c-0123456789ab"
+    nodes = [f"n{i}" for i in range(4)]
+    ranks = 600  # 150 a node: more than one read (128 entries) behind the acks
+    for i, node in enumerate(nodes):
+        for rank in range(i * 150, (i + 1) * 150):
+            r.xadd(keys.stacks, encode_stack_reply(StackReply(
+                request=request, node=node, host="h", rank=rank, pid=1000 + rank,
+                text='Thread 0x01 (most recent call first):\n  File "t.py", line 1 in f\n',
+                error="")))
+        r.xadd(keys.events, encode_event(EventType.COMMAND_ACK, node, {
+            "command_id": request, "status": "done", "reason": "published"}))
+
+    async def read() -> list:
+        client = make_async_client(parse_endpoint(redis_url), blocking_ms=30_000)
+        try:
+            return await read_stack_replies(client, job_id, request, range(ranks), 20,
+                                            since="0-0", events_since="0-0",
+                                            expected_nodes=nodes)
+        finally:
+            await client.aclose()
+
+    got = asyncio.run(read())
+    missing = [s.rank for s in got if not s.threads]
+    assert not missing, f"{len(missing)} of {ranks} replies not read ({missing[:5]}...)"

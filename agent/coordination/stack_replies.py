@@ -169,10 +169,15 @@ async def read_replies(client: Any, job_id: str, request_id: str, stream: str,
         for key, entries in reply or ():
             take(_s(key), entries)
     if nodes and nodes <= acked:
-        # The acks came: replies published before them may still be in this batch's tail.
-        reply = await client.xread({stream: streams[stream]}, count=READ_COUNT)
-        for key, entries in reply or ():
-            take(_s(key), entries)
+        # Every node acked, after publishing its replies: those not read yet are in the
+        # stream's tail, which may be many reads long (the acks, one per node, come in
+        # faster than the replies, one per rank). Read it to its end, within the deadline.
+        while not (wanted and wanted <= got.keys()) and loop.time() < deadline:
+            reply = await client.xread({stream: streams[stream]}, count=READ_COUNT)
+            entries = [e for _, batch in reply or () for e in batch]
+            if not entries:
+                break
+            take(stream, entries)
     for rank in sorted(wanted - got.keys()):
         node, host = placement.get(rank, ("", ""))
         why = ("its agent answered without it" if node and node in acked
