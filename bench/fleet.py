@@ -237,8 +237,9 @@ class SimNode:
                     _STACK.format(line=17 if r == odd else 12,
                                   fn="straggler" if r == odd else "all_reduce")))
                           for r in self.ranks]
-                await StackCollector(None, self.writer, self.job, self.node_id,
-                                     "fleet").publish(cmd.id, stacks)
+                collector = StackCollector(None, self.writer, self.job, self.node_id, "fleet")
+                collector.world_size = self.result.total_workers
+                await collector.publish(cmd.id, stacks)
                 self.ack(cmd.id, "done", f"stacks of {len(stacks)} ranks published")
                 continue
             self.ack(cmd.id, "accepted", f"{cmd.type} from {cmd.issuer}")

@@ -260,3 +260,27 @@ def test_replies_behind_every_nodes_ack_are_all_read(redis_url, r, job_id):
     got = asyncio.run(read())
     missing = [s.rank for s in got if not s.threads]
     assert not missing, f"{len(missing)} of {ranks} replies not read ({missing[:5]}...)"
+
+
+def test_the_replies_of_a_job_larger_than_the_streams_floor_are_all_kept(redis_url, r, job_id):
+    """The stacks stream's cap grows with the job: one request's replies of 12,000 ranks are
+    all there for a reader that is behind (a fixed cap of 10,000 trimmed the first ones)."""
+    from elastic_agent.coordination.stack_dumps import RankStack, parse_faulthandler
+
+    ranks = 12_000
+    threads = parse_faulthandler('Thread 0x01 (most recent call first):\n'
+                                 '  File "t.py", line 1 in f\n')
+    collector = stacks.StackCollector(None, make_async_client(parse_endpoint(redis_url)),
+                                      job_id, "n0", "h")
+    collector.world_size = ranks
+
+    async def publish() -> None:
+        try:
+            await collector.publish("c-0123456789ab",
+                                    [RankStack(k, "n0", "h", 1000 + k, threads)
+                                     for k in range(ranks)])
+        finally:
+            await collector.client.aclose()
+
+    asyncio.run(publish())
+    assert r.xlen(JobKeys(job_id).stacks) == ranks

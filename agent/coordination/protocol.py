@@ -72,6 +72,14 @@ NOTIFY_MAXLEN = 10_000
 STACKS_MAXLEN = 10_000
 
 
+def replies_maxlen(floor: int, world_size: int) -> int:
+    """The cap of a per-rank reply stream (stacks, collectives) for a job of ``world_size``
+    ranks: two requests' replies at least. Under a fixed cap, the replies of a job larger than
+    it trimmed each other away while a reader was still behind (4,096 nodes x 8 ranks: a
+    tenth of them, with 10,000)."""
+    return max(floor, 2 * max(0, world_size))
+
+
 #: Hash tags a job's log streams are spread over (:meth:`JobKeys.logs`): a job uses at most
 #: this many slots, hence cluster masters, for its logs; a cluster reader makes one XREAD per
 #: tag. Shard ``s``'s tag lands in the ``s``-th sixteenth of the cluster's 16,384 slots, so

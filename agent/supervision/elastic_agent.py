@@ -471,6 +471,7 @@ class ElasticAgent:
         self.records.note_restarts(restarts)
         world = result.total_workers or self.cfg.nproc * result.group_world_size
         base = result.base_rank if result.total_workers else result.group_rank * self.cfg.nproc
+        self.stacks.world_size = self.recorder.world_size = world
         master_addr, master_port = result.master_addr, result.master_port
         static = self.cfg.static
         if static is not None:

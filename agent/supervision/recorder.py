@@ -172,6 +172,8 @@ class RecorderCollector:
         self.keys = protocol.JobKeys(job_id)
         self.node = node
         self.host = host
+        #: The job's ranks in the current round (the agent sets it): sizes the stream's cap.
+        self.world_size = 0
 
     async def capture_local(self, timeout: float = ANSWER_TIMEOUT,
                             ranks: Iterable[int] | None = None) -> list[CollectiveReply]:
@@ -187,7 +189,9 @@ class RecorderCollector:
         for r in replies:
             reply = CollectiveReply(request_id, r.node, r.host, r.rank, r.pid, r.trace)
             pipe.xadd(self.keys.collectives, protocol.encode_collective_reply(reply),
-                      maxlen=protocol.COLLECTIVES_MAXLEN, approximate=True)
+                      maxlen=protocol.replies_maxlen(protocol.COLLECTIVES_MAXLEN,
+                                                     self.world_size),
+                      approximate=True)
             n += 1
         if n:
             await pipe.execute()

@@ -393,6 +393,8 @@ class StackCollector:
         self.keys = protocol.JobKeys(job_id)
         self.node = node
         self.host = host
+        #: The job's ranks in the current round (the agent sets it): sizes the stream's cap.
+        self.world_size = 0
 
     async def capture_local(self, timeout: float = ANSWER_TIMEOUT,
                             ranks: Iterable[int] | None = None,
@@ -411,7 +413,8 @@ class StackCollector:
                                         rank=s.rank, pid=s.pid,
                                         text=render_faulthandler(s.threads), error=s.error)
             pipe.xadd(self.keys.stacks, protocol.encode_stack_reply(reply),
-                      maxlen=protocol.STACKS_MAXLEN, approximate=True)
+                      maxlen=protocol.replies_maxlen(protocol.STACKS_MAXLEN, self.world_size),
+                      approximate=True)
             n += 1
         if n:
             await pipe.execute()
