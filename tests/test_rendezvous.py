@@ -240,6 +240,9 @@ def test_the_heartbeat_thread_stays_quiet_while_the_loop_beats_with_its_summary(
                            keep_alive_interval=0.4)
     h = nodes.make(s)
     nodes.join_all([h])
+    # The join beat: the thread's next beat is an interval after it, not at its first tick
+    # (nodes released together would all beat at once in the middle of their forming).
+    assert not h._beat_due()
     beats: list[float] = []
     own = h.heartbeat
     h.heartbeat = lambda: (beats.append(time.monotonic()), own())[1]  # type: ignore[method-assign]

@@ -829,7 +829,11 @@ class RedisRendezvous:
                 # outside the job's hash slot: a command of its own.
                 register = False
                 yield _command("zadd", protocol.JOBS_INDEX, {self.job_id: int(now)}, nx=True)
-            self.renewed_at = max(self.renewed_at or sent, sent)  # a join beats too
+            # A join beats too: the heartbeat thread's next beat is due an interval after it,
+            # not at its first tick (N nodes released together all beat at once then, in the
+            # middle of their forming).
+            self.renewed_at = max(self.renewed_at or sent, sent)
+            self._renewal_done = time.monotonic()
             status = status.decode()
             if status == "closed":
                 raise RendezvousClosedError(
