@@ -846,15 +846,15 @@ async def _command(ep: Endpoint, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# -- stacks -------------------------------------------------------------------------------
+# -- stacks and collectives: per-rank requests -------------------------------------------
 
-async def _stacks(ep: Endpoint, args: argparse.Namespace) -> int:
-    """Ask every agent of the job for its ranks' Python stacks (read-only: no confirmation)."""
+async def _ready_for_request(ep: Endpoint, args: argparse.Namespace, job: str) -> None:
+    """Refuse, with one line, a per-rank request (``stacks``, ``collectives``) that no worker
+    can answer: the job ended, no round completed, or ``--rank`` is not in it."""
     import redis
 
-    from .stack_view import fetch_stacks, job_round, result_json, result_lines
+    from .stack_view import job_round
 
-    job = _job(args)
     client = await _open(ep, job)
     try:
         final = (await client.meta()).get("final_state")
@@ -870,6 +870,16 @@ async def _stacks(ep: Endpoint, args: argparse.Namespace) -> int:
     if args.rank is not None and args.rank >= info.total_workers:
         raise CliError(f"rank {args.rank} is not in job '{job}' (world size "
                        f"{info.total_workers})", EXIT_USAGE)
+
+
+async def _stacks(ep: Endpoint, args: argparse.Namespace) -> int:
+    """Ask every agent of the job for its ranks' Python stacks (read-only: no confirmation)."""
+    import redis
+
+    from .stack_view import fetch_stacks, result_json, result_lines
+
+    job = _job(args)
+    await _ready_for_request(ep, args, job)
     try:
         result = await fetch_stacks(ep, job, rank=args.rank, timeout=args.timeout)
     except (redis.RedisError, OSError) as exc:
@@ -884,31 +894,14 @@ async def _stacks(ep: Endpoint, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# -- collectives --------------------------------------------------------------------------
-
 async def _collectives(ep: Endpoint, args: argparse.Namespace) -> int:
     """Ask every agent for its ranks' flight recorder traces (read-only: no confirmation)."""
     import redis
 
     from .collective_view import fetch_collectives, result_json, result_lines
-    from .stack_view import job_round
 
     job = _job(args)
-    client = await _open(ep, job)
-    try:
-        final = (await client.meta()).get("final_state")
-        if final:
-            raise CliError(f"job '{job}' has already {sanitize(final)}: no worker to ask")
-        info = await job_round(ep, job)
-    except (redis.RedisError, OSError) as exc:
-        raise CliError(f"cannot read job '{job}': {sanitize(str(exc))}") from None
-    finally:
-        await client.close()
-    if info is None or not info.total_workers:
-        raise CliError(f"job '{job}' has no running workers (no rendezvous round completed)")
-    if args.rank is not None and args.rank >= info.total_workers:
-        raise CliError(f"rank {args.rank} is not in job '{job}' (world size "
-                       f"{info.total_workers})", EXIT_USAGE)
+    await _ready_for_request(ep, args, job)
     try:
         result = await fetch_collectives(ep, job, rank=args.rank, timeout=args.timeout)
     except (redis.RedisError, OSError) as exc:

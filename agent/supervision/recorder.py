@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
 
 from ..coordination import protocol
 from ..coordination.collectives import RankTrace, analyse, event_record
 from ..coordination.protocol import CollectiveReply, CollectiveTrace, ProtocolError
 from . import stacks, zygote
+from .reply_publisher import ReplyPublisher
 
 log = logging.getLogger(__name__)
 
@@ -162,18 +162,8 @@ async def ask_all(targets: Iterable[tuple[int, int, RecorderLink | None]], reque
     return sorted(await asyncio.gather(*(one(*t) for t in targets)))
 
 
-class RecorderCollector:
+class RecorderCollector(ReplyPublisher):
     """This agent's side of ``collectives`` requests: ask the local workers, publish per rank."""
-
-    def __init__(self, group: Any, client: aioredis.Redis, job_id: str, node: str,
-                 host: str) -> None:
-        self.group = group  # a WorkerGroup (``recorder_targets``)
-        self.client = client
-        self.keys = protocol.JobKeys(job_id)
-        self.node = node
-        self.host = host
-        #: The job's ranks in the current round (the agent sets it): sizes the stream's cap.
-        self.world_size = 0
 
     async def capture_local(self, timeout: float = ANSWER_TIMEOUT,
                             ranks: Iterable[int] | None = None) -> list[CollectiveReply]:
@@ -184,17 +174,10 @@ class RecorderCollector:
 
     async def publish(self, request_id: str, replies: Iterable[CollectiveReply]) -> None:
         """One entry per rank on the job's collectives stream. Raises redis errors / OSError."""
-        pipe = self.client.pipeline(transaction=False)
-        n = 0
-        for r in replies:
-            reply = CollectiveReply(request_id, r.node, r.host, r.rank, r.pid, r.trace)
-            pipe.xadd(self.keys.collectives, protocol.encode_collective_reply(reply),
-                      maxlen=protocol.replies_maxlen(protocol.COLLECTIVES_MAXLEN,
-                                                     self.world_size),
-                      approximate=True)
-            n += 1
-        if n:
-            await pipe.execute()
+        await self._publish(self.keys.collectives, protocol.COLLECTIVES_MAXLEN, (
+            protocol.encode_collective_reply(
+                CollectiveReply(request_id, r.node, r.host, r.rank, r.pid, r.trace))
+            for r in replies))
 
     async def answer(self, cmd: Any, mine: set[int], ack: Any) -> None:
         """A ``collectives`` command: publish the traces of this node's workers (or of

@@ -61,7 +61,6 @@ from pathlib import Path
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
 
 from ..coordination import protocol
 from ..coordination.stack_dumps import (
@@ -75,6 +74,7 @@ from ..coordination.stack_dumps import (
 )
 from . import zygote
 from .logs import open_private_dir
+from .reply_publisher import ReplyPublisher
 
 log = logging.getLogger(__name__)
 
@@ -383,18 +383,8 @@ def to_rank_stack(dump: LocalDump, node: str, host: str) -> RankStack:
     return RankStack(dump.rank, node, host, dump.pid, threads)
 
 
-class StackCollector:
+class StackCollector(ReplyPublisher):
     """This agent's side of stack requests: capture the local workers, publish per rank."""
-
-    def __init__(self, group: Any, client: aioredis.Redis, job_id: str, node: str,
-                 host: str) -> None:
-        self.group = group  # a WorkerGroup (``dump_stacks``)
-        self.client = client
-        self.keys = protocol.JobKeys(job_id)
-        self.node = node
-        self.host = host
-        #: The job's ranks in the current round (the agent sets it): sizes the stream's cap.
-        self.world_size = 0
 
     async def capture_local(self, timeout: float = ANSWER_TIMEOUT,
                             ranks: Iterable[int] | None = None,
@@ -406,18 +396,11 @@ class StackCollector:
 
     async def publish(self, request_id: str, stacks: Iterable[RankStack]) -> None:
         """One entry per rank on the job's stacks stream. Raises redis errors / OSError."""
-        pipe = self.client.pipeline(transaction=False)
-        n = 0
-        for s in stacks:
-            reply = protocol.StackReply(request=request_id, node=self.node, host=self.host,
-                                        rank=s.rank, pid=s.pid,
-                                        text=render_faulthandler(s.threads), error=s.error)
-            pipe.xadd(self.keys.stacks, protocol.encode_stack_reply(reply),
-                      maxlen=protocol.replies_maxlen(protocol.STACKS_MAXLEN, self.world_size),
-                      approximate=True)
-            n += 1
-        if n:
-            await pipe.execute()
+        await self._publish(self.keys.stacks, protocol.STACKS_MAXLEN, (
+            protocol.encode_stack_reply(protocol.StackReply(
+                request=request_id, node=self.node, host=self.host, rank=s.rank, pid=s.pid,
+                text=render_faulthandler(s.threads), error=s.error))
+            for s in stacks))
 
     async def evidence(self, request_id: str,
                        timeout: float = ANSWER_TIMEOUT) -> dict[str, Any] | None:
