@@ -75,9 +75,14 @@ def test_no_step_outside_srun() -> None:
 
 def test_the_redis_port_is_the_same_on_every_node_and_can_be_given() -> None:
     a, b = read_step(srun_env()), read_step(srun_env(SLURMD_NODENAME="n1", SLURM_NODEID="0"))
-    assert redis_port(a, {}) == redis_port(b, {}) and 20000 <= redis_port(a, {}) < 40000
+    assert redis_port(a, {}) == redis_port(b, {}) and 20000 <= redis_port(a, {}) < 32768
     assert redis_port(a, {}) != redis_port(read_step(srun_env(SLURM_STEP_ID="1")), {})
     assert redis_port(a, {"ELASTIC_SLURM_REDIS_PORT": "7000"}) == 7000
+    # Below the ephemeral ports (32768-60999 on Linux), whatever the job: a port an outgoing
+    # connection holds cannot be listened on.
+    ports = {redis_port(read_step(srun_env(SLURM_JOB_ID=str(j))), {})
+             for j in range(1, 100_000, 97)}
+    assert min(ports) >= 20000 and max(ports) < 32768, (min(ports), max(ports))
     with pytest.raises(SlurmEnvError):
         redis_port(a, {"ELASTIC_SLURM_REDIS_PORT": "70000"})
 

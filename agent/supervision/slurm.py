@@ -29,7 +29,9 @@ MAX_HOSTS = 65536
 #: Environment variable naming the port of the Redis the first node hosts (default: derived
 #: from the job and step ids, the same on every node without any exchange).
 REDIS_PORT_ENV = "ELASTIC_SLURM_REDIS_PORT"
-_PORT_BASE, _PORT_SPAN = 20000, 20000
+#: Below Linux's default ephemeral range (32768-60999): a port an outgoing connection of this
+#: host holds for the moment cannot be listened on (a CI run met it at 38768).
+_PORT_BASE, _PORT_SPAN = 20000, 12768
 
 _INT_RE = re.compile(r"[0-9]{1,18}")
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,255}")
@@ -197,7 +199,8 @@ def check_one_task_per_node(step: SlurmStep) -> None:
 
 def redis_port(step: SlurmStep, env: Mapping[str, str]) -> int:
     """The embedded Redis's port: ``$ELASTIC_SLURM_REDIS_PORT``, else one derived from the
-    job and step ids (20000-39999), so every node knows it without asking anyone."""
+    job and step ids (20000-32767, below the ephemeral ports), so every node knows it
+    without asking anyone."""
     given = _int(env, REDIS_PORT_ENV, 1)
     if given is not None:
         if given > 65535:
