@@ -414,3 +414,17 @@ def test_heartbeats_outlive_a_refusal_such_as_oom(private_redis, job_id: str) ->
         admin.config_set("maxmemory", "0")
         admin.close()
         handle.shutdown()
+
+
+def test_a_node_with_beats_far_apart_still_judges() -> None:
+    """Beats a keep-alive interval apart are never 'held up', whatever the heartbeat timeout
+    allows: with keep_alive_interval=6 and heartbeat_timeout=10 (half the timeout is 5 s, less
+    than the beats' own spacing) a node that only ever ran its loop would judge nobody."""
+    s = RendezvousSettings(min_nodes=1, max_nodes=2, heartbeat_timeout=10.0,
+                           keep_alive_interval=6.0)
+    assert 1.5 * s.keep_alive_interval < s.held_gap <= s.heartbeat_timeout
+    loose = RendezvousSettings(min_nodes=1, max_nodes=2, heartbeat_timeout=30.0,
+                               keep_alive_interval=5.0)  # torch's own defaults
+    assert loose.held_gap >= 2.25 * loose.keep_alive_interval
+    default = RendezvousSettings(min_nodes=1, max_nodes=2)
+    assert default.held_gap == default.heartbeat_timeout / 2

@@ -109,6 +109,15 @@ class RendezvousSettings:
                 f"heartbeat_timeout ({self.heartbeat_timeout} s)"
             )
 
+    @property
+    def held_gap(self) -> float:
+        """A node whose own beats were this far apart was held up (an outage, a stalled
+        process): it calls nobody lost until the others had a heartbeat timeout to beat again.
+        Half the heartbeat timeout, but never within the beats' normal spacing (up to 2.25
+        keep-alive intervals: see ``RedisRendezvous._beat_due``), and at most the timeout."""
+        return min(self.heartbeat_timeout,
+                   max(self.heartbeat_timeout / 2, 2.5 * self.keep_alive_interval))
+
 
 @dataclass(frozen=True)
 class RendezvousResult:
@@ -562,17 +571,18 @@ _SUMMARY = _PRELUDE + _SUMMARY_FN + """
 return summary(ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', now_ms())
 """
 # ARGV: the beat's five (node, desc, head, assign, full), then the summary's heartbeat timeout
-# and mark. Returns {restored, the summary's JSON, held}.
+# and mark, then the held gap (ms). Returns {restored, the summary's JSON, held}.
 #
-# held (1): this node's own previous beat is older than half the heartbeat timeout, by Redis's
-# clock, so it judges nobody: the call may have been sent before an outage that cut this node
-# off, and run only now (a request the client gave up on is still delivered by the kernel
-# when the network heals); the others' beats are as stale as this node's was. The client's
-# own check (``_may_judge``) cannot see that: it decided before the call was sent.
+# held (1): this node's own previous beat is older than the held gap (RendezvousSettings:
+# half the heartbeat timeout, never within the beats' normal spacing), by Redis's clock, so
+# it judges nobody: the call may have been sent before an outage that cut this node off, and
+# run only now (a request the client gave up on is still delivered by the kernel when the
+# network heals); the others' beats are as stale as this node's was. The client's own check
+# (``_may_judge``) cannot see that: it decided before the call was sent.
 _BEAT_SUMMARY = _PRELUDE + _BEAT_FN + _SUMMARY_FN + """
-local now, hbt = now_ms(), tonumber(ARGV[6])
+local now, hbt, gap = now_ms(), tonumber(ARGV[6]), tonumber(ARGV[8])
 local prev = redis.call('ZSCORE', K_HB, ARGV[1])
-local held = ARGV[7] == '1' and not (prev and now - tonumber(prev) <= hbt / 2)
+local held = ARGV[7] == '1' and not (prev and now - tonumber(prev) <= gap)
 local restored, member = beat(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], now)
 local mark = ARGV[7] == '1' and not held
 return {restored, summary(ARGV[1], hbt, mark, now, member), held and 1 or 0}
@@ -960,7 +970,7 @@ class RedisRendezvous:
         as this node being cut off alone; when it ends, the others' heartbeats are as stale as
         ours until they have had the time to beat again (and their clients may reconnect
         seconds after ours). A node really gone meanwhile is seen that much later."""
-        now, gap = time.monotonic(), self.settings.heartbeat_timeout / 2
+        now, gap = time.monotonic(), self.settings.held_gap
         done = self._renewal_done
         return done is not None and now - done <= gap and now >= self._judge_after
 
@@ -971,8 +981,8 @@ class RedisRendezvous:
         held = False
         if beat:
             sent = time.monotonic()
-            restored, raw, held = yield from _script("beat_summary", [*self._beat_args(),
-                                                                      *summary_args])
+            restored, raw, held = yield from _script("beat_summary", [
+                *self._beat_args(), *summary_args, int(s.held_gap * 1000)])
             yield from self._beaten(sent, restored)
             if held:  # cut off until just now, by Redis's clock: judge nobody yet
                 self._judge_after = max(self._judge_after,
@@ -1066,8 +1076,7 @@ class RedisRendezvous:
         """After a beat that was sent at ``sent``: the renewal's bookkeeping, and the job's
         listing put back if the beat found the rendezvous lost and restored it."""
         done = time.monotonic()
-        if self._renewal_done is not None and done - self._renewal_done > (
-                self.settings.heartbeat_timeout / 2):
+        if self._renewal_done is not None and done - self._renewal_done > self.settings.held_gap:
             self._judge_after = done + self.settings.heartbeat_timeout  # held up: _may_judge
         self.renewed_at = max(self.renewed_at or sent, sent)
         self._renewal_done = done
