@@ -19,7 +19,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -51,7 +51,12 @@ def line_of(path: Path, needle: str) -> int:
 # -- launch paths ------------------------------------------------------------------------------
 
 async def dump_group(tmp: Path, entrypoint: list[str], preload: tuple[str, ...] = (),
-                     nproc: int = 1, wait_for: str = "stuck") -> tuple[list, WorkerGroup]:
+                     nproc: int = 1, wait_for: str = "stuck",
+                     settled: Callable[[list], bool] = lambda dumps: True,
+                     ) -> tuple[list, WorkerGroup]:
+    """Dump the group's stacks once its workers printed ``wait_for``; dump again while
+    ``settled`` says the dumps are not there yet (a worker prints before it enters the call
+    the test looks for, and a loaded machine may dump in between)."""
     spec = WorkerSpec(nproc=nproc, entrypoint=entrypoint, run_id="r", job_id="j",
                       log_dir=tmp / "j", preload=preload, shutdown_timeout=2)
     group = WorkerGroup(spec, logs=NodeLogs(LogConfig(redirects=Std.ALL)))
@@ -63,6 +68,10 @@ async def dump_group(tmp: Path, entrypoint: list[str], preload: tuple[str, ...] 
         await wait_until_async(lambda: all(p.exists() and wait_for in p.read_text()
                                            for p in out), 60, "the workers to start")
         dumps = await group.dump_stacks()
+        deadline = time.monotonic() + 30
+        while not settled(dumps) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            dumps = await group.dump_stacks()
         return dumps, group
     finally:
         await group.stop()
@@ -77,7 +86,10 @@ def test_every_launch_path_answers_even_holding_the_gil(tmp_path, monkeypatch, h
                   "module": [*exe, "-m", "stuck_in_c"],
                   "run-path": [*exe, "-c", RUN_PATH_BOOTSTRAP, str(STUCK)]}[how]
     preload = ("json",) if how == "preload" else ()
-    (dump,), _ = asyncio.run(dump_group(tmp_path, entrypoint, preload))
+    def in_c(dumps: list) -> bool:
+        return "held_in_c" in dumps[0].text
+
+    (dump,), _ = asyncio.run(dump_group(tmp_path, entrypoint, preload, settled=in_c))
     assert not dump.error and not dump.truncated, dump
     rank = stacks.to_rank_stack(dump, "n", "h")
     frames = [f for t in rank.threads for f in t.frames]
