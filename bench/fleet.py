@@ -43,7 +43,6 @@ import gc
 import json
 import multiprocessing
 import os
-import random
 import resource
 import sys
 import time
@@ -61,6 +60,7 @@ from elastic_agent.coordination.rendezvous import (
     AsyncRedisRendezvous,
     RendezvousResult,
     RendezvousSettings,
+    opens_a_round,
 )
 from elastic_agent.coordination.stack_dumps import RankStack, group_stacks, parse_faulthandler
 from elastic_agent.coordination.stack_replies import request_stacks
@@ -68,6 +68,7 @@ from elastic_agent.coordination.stream_mux import StreamMux
 from elastic_agent.supervision.commands import CommandReader, Rejected
 from elastic_agent.supervision.events import EventSink, ResourceSampler
 from elastic_agent.supervision.job_records import JobRecords, ReseedSchedule
+from elastic_agent.supervision.loops import Cadence
 from elastic_agent.supervision.publisher import StreamPublisher
 from elastic_agent.supervision.stacks import StackCollector
 from elastic_agent.supervision.stall import StallWatch, interval_for
@@ -96,6 +97,10 @@ class FakeSampler(ResourceSampler):
         now = time.time()
         return {r: {"rank": r, "node": self._node, "pid": 10_000 + r, "cpu": 99.5,
                     "rss": 1 << 30, "threads": 12, "ts": now} for r in self.ranks}
+
+
+#: The longest a simulated node's "workers" take to stop (an agent's: SIGTERM, then exits).
+STOP_S = 0.5
 
 
 class SimNode:
@@ -177,42 +182,53 @@ class SimNode:
         """Stall progress, as StallWatch writes it for a job whose ranks compute."""
         stall = StallWatch(self.writer, self.mux.reader(), self.job, self.node_id, "fleet", 300,
                            "observe", {}, self.events.emit)
-        interval = interval_for(300)
-        await asyncio.sleep(random.uniform(0, interval))  # agents start at different times
+        cadence = Cadence(interval_for(300))  # as StallWatch ticks
         while True:
+            await asyncio.sleep(cadence.until_next())
             assert self.result is not None
             with contextlib.suppress(redis.RedisError, OSError):
                 await stall.check(self.result.round, self.started_ms, 0)
-            await asyncio.sleep(interval)
 
     async def watch(self) -> None:
         """The agent's membership watch: the summary every keep-alive interval, or at once
         when the rendezvous notifies a transition or a restart command came."""
         reader = self.mux.reader()
         streams: dict[str, str] = {}
-        for key in (self.keys.rdzv_notify,):
-            last = await self.writer.xrevrange(key, count=1)
-            streams[key] = last[0][0].decode() if last else "0-0"
-        interval_ms = int(self.settings.keep_alive_interval * 1000)
+
+        async def from_now() -> None:  # the agent's watch starts so each round
+            for key in (self.keys.rdzv_notify,):
+                last = await self.writer.xrevrange(key, count=1)
+                streams[key] = last[0][0].decode() if last else "0-0"
+
+        await from_now()
+        cadence = Cadence(self.settings.keep_alive_interval)
         reseed = ReseedSchedule(self.rdzv)
+        opened = False  # the notify stream said a new round opened (the agent's watch too)
         while True:
             assert self.result is not None
             if reseed.due():  # as the agent's watch does
                 with contextlib.suppress(redis.RedisError, OSError):
                     await self.records.reseed()
                     reseed.done()
-            m, newly = await self.rdzv.lost_since_last_check(beat=True)
-            for node in newly:
-                self.events.emit(EventType.NODE_LOST, lost_node=node, host="fleet")
-            if (m.round > self.result.round or self.rdzv.waiting_count(m) > 0
-                    or self.restart_after_ms > self.started_ms):
+            reform = opened or self.restart_after_ms > self.started_ms
+            if not reform:
+                # A restart that came while the node re-formed anyway was done with it.
+                self.restart.clear()
+                m, newly = await self.rdzv.lost_since_last_check(beat=True)
+                for node in newly:
+                    self.events.emit(EventType.NODE_LOST, lost_node=node, host="fleet")
+                reform = m.round > self.result.round or self.rdzv.waiting_count(m) > 0
+            if reform:
+                opened = False
                 self.restart_after_ms = 0
                 self.restart.clear()
                 await self.rendezvous()
                 self.report("reformed", self.index, time.time(), self.result.round)
                 self.start_workers()
+                await from_now()
                 continue
-            read = asyncio.ensure_future(reader.xread(streams, block=interval_ms, count=100))
+            read = asyncio.ensure_future(reader.xread(
+                streams, block=max(1, int(cadence.until_next() * 1000)), count=100))
             restart = asyncio.ensure_future(self.restart.wait())
             await asyncio.wait({read, restart}, return_when=asyncio.FIRST_COMPLETED)
             restart.cancel()
@@ -223,6 +239,7 @@ class SimNode:
                 streams[key.decode() if isinstance(key, bytes) else key] = (
                     entries[-1][0].decode() if isinstance(entries[-1][0], bytes)
                     else entries[-1][0])
+                opened = opened or opens_a_round(entries)
 
     async def commands(self) -> None:
         """The agent's command reader (its own cursor on the command stream) and acks."""
@@ -245,6 +262,13 @@ class SimNode:
             self.ack(cmd.id, "accepted", f"{cmd.type} from {cmd.issuer}")
             if (cmd.type == CommandType.RESTART
                     and protocol.stream_id_ms(cmd.entry_id) >= self.started_ms):
+                # An agent stops its workers before it joins again (SIGTERM and their exits,
+                # tens of ms at the least), and its ack is written meanwhile. These workers
+                # stop at once: the node lets its ack be written first, for at most as long
+                # as a stop would take, or in a process of 2,048 nodes the acks queue behind
+                # every node's rendezvous.
+                with contextlib.suppress(asyncio.TimeoutError, RuntimeError):
+                    await asyncio.wait_for(self.publisher.flush(), STOP_S)
                 self.restart_after_ms = protocol.stream_id_ms(cmd.entry_id)
                 self.restart.set()
 
@@ -317,11 +341,24 @@ async def _fleet_main(conn: Any, url: str, job: str, first: int, count: int, npr
              for i in range(count)]
     for i in range(0, count, 256):
         await asyncio.gather(*(n.connect() for n in nodes[i:i + 256]))
-    # Thousands of nodes' objects in one process: full collections would stall every node of
-    # it at once (an agent has one node and a small heap).
+    # Thousands of nodes' objects in one heap: the cyclic collector's full passes took 100 to
+    # 380 ms here (every object alive, nothing collected) and stalled all 2,048 nodes of the
+    # process at once, every few seconds; an agent's heap is one node's. The nodes' garbage
+    # goes by reference counting; what cycles leave behind shows in the processes' peak RSS,
+    # printed with the figures.
     gc.collect()
     gc.freeze()
+    gc.disable()
     barrier = _Barrier(count)
+    lags: list[float] = []
+
+    async def lag_probe() -> None:  # how late this loop runs what is due
+        while True:
+            t = loop.time()
+            await asyncio.sleep(0.05)
+            lags.append(loop.time() - t - 0.05)
+
+    probe = asyncio.create_task(lag_probe())
     conn.send(("ready", count))
     runs: list[asyncio.Task[None]] = []
     while True:
@@ -338,10 +375,16 @@ async def _fleet_main(conn: Any, url: str, job: str, first: int, count: int, npr
             conn.send(("killed", time.time()))
         elif kind == "cpu":
             conn.send(("cpu", time.process_time()))
+        elif kind == "rss":
+            conn.send(("rss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+        elif kind == "lag":
+            conn.send(("lag", list(lags)))
+            lags.clear()
         elif kind == "reports":
             conn.send(("reports", list(reports)))
             reports.clear()
         elif kind == "stop":
+            probe.cancel()
             for t in runs:
                 t.cancel()
             for n in nodes:
@@ -399,6 +442,18 @@ class Fleet:
             self.reports.extend(c.recv()[1])
         return self.reports
 
+    def lag(self) -> list[float]:
+        """Every process's loop lag samples since the last call, pooled."""
+        for c in self.conns:
+            c.send(("lag",))
+        return [x for c in self.conns for x in c.recv()[1]]
+
+    def peak_rss(self) -> int:
+        """The largest peak RSS of the processes, bytes."""
+        for c in self.conns:
+            c.send(("rss",))
+        return max(c.recv()[1] for c in self.conns)
+
     def cpu(self) -> list[float]:
         """Each process's CPU seconds so far (``time.process_time``)."""
         for c in self.conns:
@@ -444,12 +499,11 @@ def _script_calls(stats: dict[str, Any]) -> int:
                if k in ("cmdstat_evalsha", "cmdstat_eval"))
 
 
-def _nodes_saying(r: redis.Redis, job: str, since: str,
-                 says: Callable[[protocol.Event], bool]) -> tuple[int, int]:
-    """(how many nodes published an event that ``says`` after ``since``, server ms of the
-    newest such event)."""
-    nodes: set[str] = set()
-    newest = 0
+def _node_times(r: redis.Redis, job: str, since: str,
+                says: Callable[[protocol.Event], bool]) -> dict[str, int]:
+    """Each node that published an event that ``says`` after ``since``: server ms of its
+    newest such event."""
+    times: dict[str, int] = {}
     last = since
     while True:
         entries = r.xrange(JobKeys(job).events, min=f"({last}", count=5000)
@@ -459,9 +513,35 @@ def _nodes_saying(r: redis.Redis, job: str, since: str,
             last = entry_id.decode()
             ev = protocol.decode_event(entry_id, fields)
             if ev is not None and says(ev):
-                nodes.add(ev.node)
-                newest = max(newest, protocol.stream_id_ms(last))
-    return len(nodes), newest
+                times[ev.node] = protocol.stream_id_ms(last)
+    return times
+
+
+def _nodes_saying(r: redis.Redis, job: str, since: str,
+                 says: Callable[[protocol.Event], bool]) -> tuple[int, int]:
+    """(how many nodes published an event that ``says`` after ``since``, server ms of the
+    newest such event)."""
+    times = _node_times(r, job, since, says)
+    return len(times), max(times.values(), default=0)
+
+
+def _calls_per_node(before: dict[str, Any], after: dict[str, Any], n: int) -> dict[str, float]:
+    """Commands per node between two ``INFO commandstats`` (scripts' own calls included), the
+    most frequent first."""
+    calls = {k.removeprefix("cmdstat_"): (int(v["calls"]) - int(before.get(k, {}).get("calls", 0)))
+             / n for k, v in after.items()}
+    return {k: round(v, 2) for k, v in sorted(calls.items(), key=lambda kv: -kv[1])[:12] if v}
+
+
+def _spread(ms: list[int], origin_ms: float) -> dict[str, float]:
+    """Seconds after ``origin_ms`` by which 10%, half, 90% and all of ``ms`` had happened:
+    whether a phase is one slow call or a queue that every node waits in."""
+    if not ms:
+        return {}
+    ms = sorted(ms)
+    at = {q: ms[min(len(ms) - 1, int(q * len(ms)))] for q in (0.1, 0.5, 0.9)}
+    return {"p10": (at[0.1] - origin_ms) / 1000, "p50": (at[0.5] - origin_ms) / 1000,
+            "p90": (at[0.9] - origin_ms) / 1000, "all": (ms[-1] - origin_ms) / 1000}
 
 
 def _acks(r: redis.Redis, job: str, command_id: str, since: str) -> tuple[int, int]:
@@ -537,12 +617,17 @@ def run_fleet(n: int, args: argparse.Namespace) -> dict[str, Any]:
             r.config_resetstat()
             info0, t0 = r.info("cpu"), time.monotonic()
             fleet_cpu0 = fleet.cpu()
+            fleet.lag()
             c0 = int(r.info("stats")["total_commands_processed"])
             round0 = int(r.hget(keys.rdzv_state, "round"))
             time.sleep(args.steady)
             info1, t1 = r.info("cpu"), time.monotonic()
             # The busiest fleet process, as % of its core: near 100 the bench, not Redis, is
             # what limits every timing of this N (a real node has a host of its own).
+            lags = sorted(fleet.lag())
+            if lags:
+                out["fleet_lag_ms"] = [round(1000 * lags[int(q * (len(lags) - 1))], 1)
+                                       for q in (0.5, 0.9, 0.99)]
             out["fleet_cpu_pct"] = 100 * max(
                 b - a for a, b in zip(fleet_cpu0, fleet.cpu())) / (t1 - t0)
             c1 = int(r.info("stats")["total_commands_processed"])
@@ -570,6 +655,9 @@ def run_fleet(n: int, args: argparse.Namespace) -> dict[str, Any]:
             _say(f"N={n}: Redis {out['redis_cpu_pct']:.1f}% of a core; killing a node")
             since = _newest_id(r, keys.events)
             victim = n - 1
+            joins_since = _newest_id(r, keys.rdzv_joins)
+            notify_since = _newest_id(r, keys.rdzv_notify)
+            cpu_before = fleet.cpu()
             killed = fleet.kill(victim)
             want_round = round0 + 1
             # The victim's last beat (by Redis's clock): nobody may call it lost before that
@@ -594,16 +682,32 @@ def run_fleet(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 out["lost_seen_s"] = seen_ms / 1000 - killed
             survivors = n - 1
             _wait(lambda: _started(r, job, want_round, since)[0] >= survivors, 60, 0.2)
+            # How the survivors' joins spread after the call (a queue in the fleet's processes
+            # shows as a ramp), and what the fleet's busiest process spent meanwhile.
+            if told:
+                joined = [protocol.stream_id_ms(i.decode()) for i, f in r.xrange(
+                    keys.rdzv_joins, min=f"({joins_since}", count=2 * n) if f.get(b"e") == b"joined"]
+                out["lost_joins"] = _spread(joined, seen_ms)
+                opened = [protocol.stream_id_ms(i.decode()) for i, f in r.xrange(
+                    keys.rdzv_notify, min=f"({notify_since}") if f.get(b"e") == b"open"]
+                if opened:
+                    out["lost_open_s"] = (opened[0] - seen_ms) / 1000
+            out["lost_fleet_cpu_s"] = max(b - a for a, b in zip(cpu_before, fleet.cpu()))
             # 4. restart
             _say(f"N={n}: new round after {_fmt(out['lost_s'])} s; restart")
             time.sleep(1.0)
             since = _newest_id(r, keys.events)
             cmd = Command(f"c-{uuid.uuid4().hex[:12]}", CommandType.RESTART, "fleet-bench")
+            cpu_before = fleet.cpu()
+            stats_before = r.info("commandstats")
             sent_ms = _server_ms(r)
             r.xadd(keys.commands, protocol.encode_command(cmd), maxlen=protocol.COMMANDS_MAXLEN,
                    approximate=True)
             acked = _wait(lambda: _acks(r, job, cmd.id, since)[0] >= survivors, 60, 0.1)
-            count, newest = _acks(r, job, cmd.id, since)
+            ack_ms = _node_times(r, job, since, lambda ev: ev.type == EventType.COMMAND_ACK
+                                 and ev.data.get("command_id") == cmd.id)
+            count, newest = len(ack_ms), max(ack_ms.values(), default=0)
+            out["restart_acks"] = _spread(list(ack_ms.values()), sent_ms)
             out["restart_acked"] = count
             out["restart_ack_s"] = (newest - sent_ms) / 1000 if acked else None
             want_round += 1
@@ -612,6 +716,9 @@ def run_fleet(n: int, args: argparse.Namespace) -> dict[str, Any]:
             out["restart_started_s"] = (newest - sent_ms) / 1000 if started else None
             head = json.loads(r.hget(keys.rdzv_state, "head") or b"{}")
             out["restart_complete_s"] = (int(head.get("completed_ms", 0)) - sent_ms) / 1000
+            out["restart_fleet_cpu_s"] = max(b - a for a, b in zip(cpu_before, fleet.cpu()))
+            out["restart_calls_per_node"] = _calls_per_node(stats_before,
+                                                            r.info("commandstats"), n)
             # 5. stacks of every rank
             _say(f"N={n}: restart acked in {_fmt(out['restart_ack_s'])} s; stacks")
             time.sleep(1.0)
@@ -633,6 +740,7 @@ def run_fleet(n: int, args: argparse.Namespace) -> dict[str, Any]:
             out["stacks_answered"] = answered
             out["stacks_expected"] = expected
             out["stacks_groups"] = groups
+            out["fleet_peak_rss_mib"] = fleet.peak_rss() / 2**20
         finally:
             fleet.stop()
             r.close()
@@ -731,7 +839,8 @@ def _report(f: dict[str, Any], args: argparse.Namespace) -> str:
         f"({f['connections_per_node']:.2f} a node); a node per heartbeat interval: "
         f"{f['scripts_per_node_interval']:.2f} scripts, {f['commands_per_node_interval']:.2f} "
         f"commands; falsely lost: {f['false_lost']}; the busiest fleet process "
-        f"{f.get('fleet_cpu_pct', 0):.0f}% of a core",
+        f"{f.get('fleet_cpu_pct', 0):.0f}% of a core, its loop late by "
+        f"{'/'.join(map(str, f.get('fleet_lag_ms', [])))} ms (50/90/99%)",
         "  Redis us per node and interval: " + ", ".join(
             f"{k} {v}" for k, v in f.get("redis_us_per_node_interval", {}).items()),
         "  calls per node and interval (scripts' own calls included): " + ", ".join(
@@ -743,9 +852,24 @@ def _report(f: dict[str, Any], args: argparse.Namespace) -> str:
         f"  restart: acked by {f.get('restart_acked')} nodes in {_fmt(f.get('restart_ack_s'))} s,"
         f" the new round complete in Redis at {_fmt(f.get('restart_complete_s'))} s, workers "
         f"started again in {_fmt(f.get('restart_started_s'))} s",
+        f"  spread (10%/50%/90%/all, s): the new round opened {_fmt(f.get('lost_open_s'))} s "
+        f"after the call, re-form joins after the call "
+        f"{_quantiles(f.get('lost_joins'))}, the fleet's busiest process "
+        f"{_fmt(f.get('lost_fleet_cpu_s'), '.2f')} s of CPU; restart acks "
+        f"{_quantiles(f.get('restart_acks'))}, busiest process "
+        f"{_fmt(f.get('restart_fleet_cpu_s'), '.2f')} s of CPU",
+        "  a restart's commands per node (scripts' own calls included): " + ", ".join(
+            f"{k} {v}" for k, v in f.get("restart_calls_per_node", {}).items()),
         f"  stacks: {f.get('stacks_answered')} of {f.get('stacks_expected')} ranks answered, "
-        f"{f.get('stacks_groups')} groups, in {_fmt(f.get('stacks_s'))} s",
+        f"{f.get('stacks_groups')} groups, in {_fmt(f.get('stacks_s'))} s; a fleet process's "
+        f"peak RSS {_fmt(f.get('fleet_peak_rss_mib'), '.0f')} MiB",
     ])
+
+
+def _quantiles(spread: dict[str, float] | None) -> str:
+    if not spread:
+        return "-"
+    return "/".join(f"{spread[k]:.2f}" for k in ("p10", "p50", "p90", "all"))
 
 
 def _table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:

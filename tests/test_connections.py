@@ -195,6 +195,65 @@ async def test_a_cancelled_waiter_does_not_keep_the_connection(redis_url, job_id
         await client.aclose()
 
 
+@pytest.mark.asyncio
+async def test_the_kept_connection_never_hands_a_cancelled_reply_to_the_next_command(
+        redis_url, r, job_id):
+    """A one-connection client keeps its connection out of the pool between commands, so
+    redis-py's probe for unread data never runs: a command cancelled while it waits for its
+    reply must leave no reply behind for the next one, and a killed connection comes back."""
+    name = f"kept-{job_id}"
+    client = make_async_client(redis_url, one_connection=True, client_name=name)
+    key = f"elastic:{{{job_id}}}:kept"
+    try:
+        waiting = asyncio.ensure_future(client.execute_command("BLPOP", key, 5))
+        await wait_until_async(lambda: any(c["name"] == name and c["cmd"] == "blpop"
+                                           for c in r.client_list()), 5, "the BLPOP to block")
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        r.rpush(key, "for-the-blpop")  # a reply the cancelled BLPOP would have got
+        r.set(f"{key}:value", "mine")
+        assert await client.get(f"{key}:value") == b"mine"
+        assert r.lrange(key, 0, -1) == [b"for-the-blpop"]  # nobody popped it
+        for c in r.client_list():
+            if c["name"] == name:
+                r.client_kill_filter(_id=c["id"])
+        assert await client.get(f"{key}:value") == b"mine"  # reconnected, by the pool
+        assert _client_names(r, name) == 1
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_write_to_a_server_that_stopped_reading_times_out_and_the_client_recovers(
+        private_redis, job_id):
+    """The lean write path (send_path.py) writes without waiting, and waits under the socket
+    timeout only when the kernel would not take the bytes: a stopped server then fails the
+    write as redis-py does (TimeoutError), and the client works once the server is back."""
+    import os
+    import signal
+
+    from elastic_agent.coordination.send_path import _LeanSend
+
+    client = make_async_client(private_redis.url, socket_timeout=1.0, retries=0,
+                               one_connection=True)
+    try:
+        await client.ping()
+        assert issubclass(client.connection_pool.connection_class, _LeanSend)
+        assert private_redis.proc is not None
+        os.kill(private_redis.proc.pid, signal.SIGSTOP)
+        try:
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(redis.TimeoutError):
+                await client.set(f"{job_id}:big", b"x" * (64 << 20))
+            assert asyncio.get_running_loop().time() - started < 10  # the timeout, not a hang
+        finally:
+            os.kill(private_redis.proc.pid, signal.SIGCONT)
+        assert await client.ping()
+    finally:
+        await client.aclose()
+
+
 class Mux:
     """A StreamMux on its own two clients, for one test."""
 

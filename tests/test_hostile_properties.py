@@ -364,7 +364,8 @@ def test_a_live_agent_and_the_cli_survive_garbage_and_a_valid_stop_still_stops(
 
 
 def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    """As the decoders read a field: bytes that are not UTF-8 become U+FFFD, never an error."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def _flat(fields: dict) -> list:

@@ -428,3 +428,62 @@ def test_a_node_with_beats_far_apart_still_judges() -> None:
     assert loose.held_gap >= 2.25 * loose.keep_alive_interval
     default = RendezvousSettings(min_nodes=1, max_nodes=2)
     assert default.held_gap == default.heartbeat_timeout / 2
+
+
+def test_scripts_survive_a_flushed_script_cache(private_redis, job_id: str) -> None:
+    """Scripts go by hash after a handle's first call of each; a Redis that lost its script
+    cache (a restart with the data kept, SCRIPT FLUSH, a failover to a replica that never
+    ran them) answers NOSCRIPT, and the call goes again with the script's text."""
+    handle = RedisRendezvous(private_redis.url, job_id, fixed(1), local_addr="127.0.0.1")
+    admin = make_client(private_redis.url)
+    try:
+        handle.next_rendezvous()
+        handle.lost_since_last_check(True)  # every script the loop uses: sent, known by hash
+        admin.script_flush()
+        before = admin.info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0)
+        m, _ = handle.lost_since_last_check(True)
+        assert m.is_member and m.round == 0
+        after = admin.info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0)
+        assert after == before + 1  # by hash first, then the text, once
+        m, _ = handle.lost_since_last_check(True)  # and by hash again: Redis has it now
+        assert admin.info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0) == after
+    finally:
+        admin.close()
+        handle.shutdown()
+
+
+def test_a_big_round_wakes_nobody_for_its_last_call_and_still_completes(
+        nodes: Nodes, r, job_id: str) -> None:
+    """Past NAMES members, setting the last-call deadline wakes no waiter (that was N/2 joins
+    more per round): the join that set it wakes at it and completes the round for everyone."""
+    n = 20
+    s = RendezvousSettings(min_nodes=n, max_nodes=2 * n, last_call_timeout=0.5)
+    started = time.monotonic()
+    results = nodes.join_all([nodes.make(s) for _ in range(n)])
+    assert sorted(x.group_rank for x in results) == list(range(n))
+    assert time.monotonic() - started >= 0.5  # the last call ran out: nobody else came
+    kinds = [f[b"e"] for _, f in r.xrange(JobKeys(job_id).rdzv_notify)]
+    assert b"deadline" not in kinds and kinds.count(b"complete") == 1
+
+
+def test_a_round_opened_is_read_from_the_notify_stream(nodes: Nodes, r, job_id: str) -> None:
+    """The agents' watch re-forms on the notify stream's "open" alone (no summary first):
+    every other kind of entry leaves it watching."""
+    from elastic_agent.coordination.rendezvous import opens_a_round
+
+    a, b = nodes.make(fixed(2)), nodes.make(fixed(2))
+    nodes.join_all([a, b])
+    notify = JobKeys(job_id).rdzv_notify
+    since = r.xrevrange(notify, count=1)[0][0]
+    assert not opens_a_round(r.xrange(notify))  # the first round: only its completion
+    def ask() -> None:  # a asks for round 1 (and is shut down waiting for it)
+        with contextlib.suppress(RendezvousClosedError):
+            a.next_rendezvous()
+
+    asking = threading.Thread(target=ask, daemon=True)
+    asking.start()
+    wait_until(lambda: opens_a_round(r.xrange(notify, min=b"(" + since)), 10, "an open entry")
+    assert not opens_a_round([(b"1-0", {b"e": b"complete"}), (b"2-0", {b"e": b"left"})])
+    assert not opens_a_round([(b"1-0", {})])
+    a.shutdown()
+    asking.join(10)

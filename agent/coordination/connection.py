@@ -71,6 +71,8 @@ import redis.sentinel
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
+from .send_path import use_lean_connections
+
 DEFAULT_URL = "redis://127.0.0.1:6379"
 DEFAULT_PORT = 6379
 DEFAULT_SENTINEL_PORT = 26379
@@ -703,6 +705,22 @@ def make_client(
     return redis.Redis.from_url(ep.url, **kwargs)
 
 
+async def wait_set(event: asyncio.Event, timeout: float | None) -> None:
+    """Until ``event`` is set or ``timeout`` s passed (None: no limit). Under a deadline
+    rather than ``wait_for``, which on Python 3.11 runs the wait as a task of its own: one
+    more task and turn of the loop for every wake of every reader."""
+    if _timeout is None:  # Python 3.10
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout)
+        return
+    with contextlib.suppress(TimeoutError):
+        async with _timeout(timeout):
+            await event.wait()
+
+
+_timeout = getattr(asyncio, "timeout", None)
+
+
 def raise_if_cancelled() -> None:
     """Raise ``CancelledError`` if the current task was asked to stop.
 
@@ -751,6 +769,7 @@ def make_async_client(
         return client
     else:
         client = aioredis.Redis.from_url(ep.url, **kwargs)
+    use_lean_connections(client.connection_pool)
     if client_name is not None:
         _name_connections(client.connection_pool, client_name)
     if one_connection:
@@ -812,30 +831,51 @@ class _OneConnectionGate:
 
 def _gate_pool(pool: Any, gate: _OneConnectionGate) -> None:
     """Put ``gate`` in front of ``pool`` (any asyncio pool: plain, SSL, Sentinel): with one
-    holder at a time the pool never opens a second connection."""
+    holder at a time the pool never opens a second connection.
+
+    The one connection stays out of the pool between commands while it is connected: the
+    pool's own checkout (a lock, metrics, a connect through the retry policy, a probe for
+    stray data) cost about a third of a command's CPU in redis-py 8, and 2,048 agents in one
+    bench process pay it every command. What the probe guards against cannot happen here:
+    redis-py disconnects a connection whose reply was not read (an error or a cancellation
+    mid-command), and a connection that is not connected goes back through the pool."""
     get, put = pool.get_connection, pool.release
-    handed: set[int] = set()  # the connections handed out through the gate
+    held: list[Any] = []  # the connection kept out of the pool, once there is one
 
     async def get_connection(*args: Any, **kwargs: Any) -> Any:
         await gate.acquire()
         try:
+            if held:
+                connection = held[0]
+                if connection.is_connected and not _should_reconnect(connection):
+                    return connection
+                held.clear()
+                await put(connection)  # the pool reconnects it (or a fresh one) below
             connection = await get(*args, **kwargs)
         except BaseException:
             gate.release()  # redis-py's own release of a failed connection is not gated
             raise
-        handed.add(id(connection))
+        held.append(connection)
         return connection
 
     async def release(connection: Any) -> None:
+        if not held or held[0] is not connection:
+            await put(connection)  # the pool's own, from inside a failed get: not gated
+            return
         try:
-            await put(connection)
+            if not connection.is_connected or _should_reconnect(connection):
+                held.clear()
+                await put(connection)
         finally:
-            if id(connection) in handed:
-                handed.discard(id(connection))
-                gate.release()
+            gate.release()
 
     pool.get_connection = get_connection
     pool.release = release
+
+
+def _should_reconnect(connection: Any) -> bool:
+    check = getattr(connection, "should_reconnect", None)  # redis-py >= 6 (maintenance)
+    return bool(check()) if check is not None else False
 
 
 def _gate_cluster_client(client: Any, gate: _OneConnectionGate) -> None:

@@ -38,7 +38,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from .connection import is_cluster, raise_if_cancelled
+from .connection import is_cluster, raise_if_cancelled, wait_set
 
 log = logging.getLogger(__name__)
 
@@ -367,8 +367,7 @@ class MuxReader:
                 left = None if deadline is None else deadline - loop.time()
                 if left is not None and left <= 0:
                     return []
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._event.wait(), left)
+                await wait_set(self._event, left)
         finally:
             now = loop.time()
             for sub in subs:

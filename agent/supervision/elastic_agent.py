@@ -59,6 +59,7 @@ from ..coordination.rendezvous import (
     RendezvousOutOfMemoryError,
     RendezvousProgress,
     RendezvousResult,
+    opens_a_round,
 )
 from ..coordination.store import StoreTimeoutError, barrier
 from ..coordination.stream_mux import StreamMux
@@ -73,7 +74,7 @@ from .fence import Fence
 from .health import HealthCheck
 from .job_records import JobRecords, ReseedSchedule
 from .logs import LogConfig, NodeLogs, make_logs_drop_marker, parse_std_spec
-from .loops import keep_running
+from .loops import Cadence, keep_running
 from .pattern_watch import PatternWatch
 from .publisher import StreamPublisher
 from .redis_bridge import SyncBridge
@@ -611,6 +612,7 @@ class ElasticAgent:
                 streams[key] = last[0][0].decode() if last else "0-0"
         grace_until = 0.0
         interval = self.cfg.rendezvous.keep_alive_interval
+        cadence = Cadence(interval)  # the first summary now, then at this node's own phase
         reseed = ReseedSchedule(self.rdzv)
         while True:
             raise_if_cancelled()
@@ -648,10 +650,12 @@ class ElasticAgent:
                     if m.waiting:
                         why.append("waiting: " + ", ".join(m.waiting))
                     return Outcome.REFORM, "membership changed (" + "; ".join(why) + ")"
-                reply = await self._reader.xread(streams, count=pages.PAGE,
-                                                 block=int(interval * 1000))
+                reply = await self._reader.xread(
+                    streams, count=pages.PAGE, block=max(1, int(cadence.until_next() * 1000)))
                 for key, entries in reply or []:
                     streams[key.decode()] = entries[-1][0].decode()
+                    if opens_a_round(entries):
+                        return Outcome.REFORM, _NEWER_ROUND
             except Exception as exc:
                 log.debug("membership watch: %s", exc)
                 # Right after an outage every heartbeat looks stale: give nodes one heartbeat

@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 
 from ..coordination import protocol
 from ..coordination.protocol import RESTART_PHASES, EventType, JobKeys
+from .loops import Cadence
 from .publisher import StreamPublisher
 
 log = logging.getLogger(__name__)
@@ -160,8 +161,9 @@ class ResourceSampler:
         return await asyncio.to_thread(self.sample)
 
     async def run(self, stop: Callable[[], bool] = lambda: False) -> None:
+        cadence = Cadence(self.interval)  # N nodes' samples spread over the interval
         while not stop():
-            await asyncio.sleep(self.interval)  # sampling is periodic by nature
+            await asyncio.sleep(cadence.until_next())  # sampling is periodic by nature
             samples = await self.collect()
             if not samples:
                 continue

@@ -27,6 +27,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
+from ..coordination.lua import LuaScript
 from ..coordination.pressure import OOM, is_oom
 from ..coordination.protocol import JOBS_INDEX, JobKeys
 
@@ -90,7 +91,7 @@ class JobRecords:
         self._keys = JobKeys(job_id)
         self._job_id = job_id
         self._log_stream = log_stream
-        self._script = client.register_script(_RESEED)
+        self._script = LuaScript(client, _RESEED)
         self.meta: dict[str, str] = {}
         self.restarts_seen = 0
         self.created_ms: int | None = None

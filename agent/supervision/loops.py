@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
+import time
 from collections.abc import Awaitable, Callable
 
 log = logging.getLogger(__name__)
@@ -37,3 +39,29 @@ async def keep_running(name: str, loop: Callable[[], Awaitable[None]],
                 delay = first_delay
             await asyncio.sleep(delay)
             delay = min(delay * 2, max_delay)
+
+
+class Cadence:
+    """The ticks of a periodic call: every ``interval`` s, at a phase of this node's own.
+
+    The agents of a job start their periodic calls together (one rendezvous releases them
+    all), so without a phase of their own N nodes' calls reach Redis at the same instant,
+    every interval: 4,096 summaries queued at once ahead of a console's read, and a lost node
+    seen only when the next of those bursts comes. A random phase per node spreads them over
+    the interval (with N nodes one checks every interval/N s), and the ticks keep their
+    spacing whatever the calls between them take, so the loop's beat never drifts late enough
+    for the heartbeat thread to send one of its own.
+    """
+
+    def __init__(self, interval: float, phase: float | None = None) -> None:
+        self.interval = interval
+        phase = random.uniform(0, interval) if phase is None else phase
+        self._next = time.monotonic() + phase
+
+    def until_next(self) -> float:
+        """Seconds to the next tick. A tick that is due (or was missed: the call ran long)
+        moves on to the first one still ahead, so each call after a tick waits for the next."""
+        now = time.monotonic()
+        if self._next <= now:
+            self._next += ((now - self._next) // self.interval + 1) * self.interval
+        return self._next - now

@@ -45,6 +45,7 @@ from elastic_agent.coordination.connection import (
     make_async_client,
     raise_if_cancelled,
     redact,
+    wait_set,
 )
 from elastic_agent.coordination.pressure import OOM, is_oom
 
@@ -563,8 +564,7 @@ class StreamPublisher:
                 # Lines gather for up to the linger; a record that must not wait, a flush()
                 # or close() sets the event and ends the wait early.
                 self._wake.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), linger)
+                await wait_set(self._wake, linger)
                 continue
             self._inflight = self._take()
             try:

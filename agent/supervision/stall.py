@@ -50,8 +50,10 @@ import psutil
 import redis
 
 from ..coordination import collective_replies, collectives, stack_replies
+from ..coordination.lua import LuaScript
 from ..coordination.protocol import EventType, JobKeys
 from ..coordination.stack_dumps import StackGroup, format_ranks, group_record, group_stacks
+from .loops import Cadence
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +233,7 @@ class StallWatch:
                  request_collectives: Callable[..., Any] | None = None) -> None:
         self.client = client
         # EVALSHA: Redis hashes a script's whole text on every EVAL.
-        self._report_and_claim = client.register_script(_REPORT_AND_CLAIM)
+        self._report_and_claim = LuaScript(client, _REPORT_AND_CLAIM)
         self.reader = reader  # blocks longer than the stack replies' reads
         self.job_id = job_id
         self.keys = JobKeys(job_id)
@@ -266,8 +268,9 @@ class StallWatch:
 
     async def _next_claim(self, round_: int, started_ms: int,
                           workers: Callable[[], Iterable[Any]]) -> tuple[int, int]:
+        cadence = Cadence(self.interval)  # N nodes' checks spread over the interval
         while True:
-            await asyncio.sleep(self.interval)  # CPU time has no event: a sample is due
+            await asyncio.sleep(cadence.until_next())  # CPU time has no event: a sample is due
             last = self.meter.sample(workers())
             age_ms = max(0, int((time.monotonic() - last) * 1000))
             try:
