@@ -25,3 +25,27 @@ def test_a_port_taken_after_the_check_moves_the_server_to_another(
             server.cleanup()
     finally:
         squatter.close()
+
+
+def test_the_server_stops_in_a_process_with_a_thousand_descriptors_open():
+    """The stop waits for the exit on a pidfd; in a process with more than 1,023 descriptors
+    open (a bench's thousands of connections) select() refused it with a ValueError."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.fail(f"this machine allows {hard} descriptors; the test needs 1,200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = []
+    try:
+        while len(held) < 1100:
+            held.append(socket.socket())
+        server = standalone.RedisServer().start()
+        proc = server.proc
+        server.stop()
+        assert proc is not None and proc.returncode is not None
+        server.cleanup()
+    finally:
+        for s in held:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

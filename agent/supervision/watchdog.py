@@ -507,7 +507,9 @@ class Watchdog:
         """``sig`` to that process alone, as torch's ``os.kill(pid, sig)``; False if gone."""
         try:
             if tracked.pidfd is not None:
-                if select.select([tracked.pidfd], [], [], 0)[0]:
+                ended = select.poll()  # (select() refuses a descriptor past 1,023)
+                ended.register(tracked.pidfd, select.POLLIN)
+                if ended.poll(0):
                     return False  # it has ended (a zombie would take the signal silently)
                 signal.pidfd_send_signal(tracked.pidfd, sig)
             elif _owner(pid, self._live_workers()) is not None:
