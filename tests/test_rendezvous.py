@@ -487,3 +487,28 @@ def test_a_round_opened_is_read_from_the_notify_stream(nodes: Nodes, r, job_id: 
     assert not opens_a_round([(b"1-0", {})])
     a.shutdown()
     asking.join(10)
+
+
+def test_group_rank_0_sends_the_whole_round_only_when_redis_lost_it(
+        nodes: Nodes, r, job_id: str) -> None:
+    """Group rank 0 holds the round (O(N) bytes) to put its record back; its beats say so
+    in one byte, and the round itself goes out only after a beat found the record gone."""
+    n = 32
+    handles = [nodes.make(fixed(n)) for _ in range(n)]
+    results = nodes.join_all(handles)
+    rank0 = next(h for h, x in zip(handles, results) if x.group_rank == 0)
+    other = next(h for h, x in zip(handles, results) if x.group_rank == 1)
+    record = r.get(JobKeys(job_id).rdzv_round_info)
+    assert record is not None and len(record) > 2000
+
+    def sent(h: RedisRendezvous) -> int:  # bytes Redis read for one beat of h
+        before = int(r.info("stats")["total_net_input_bytes"])
+        h.heartbeat()
+        return int(r.info("stats")["total_net_input_bytes"]) - before
+
+    assert sent(rank0) < sent(other) + 200  # not the round's 2 KB and more
+    r.delete(JobKeys(job_id).rdzv_round_info)
+    other.heartbeat()
+    assert r.get(JobKeys(job_id).rdzv_round_info) is None  # only its holder can put it back
+    assert sent(rank0) > len(record)
+    assert r.get(JobKeys(job_id).rdzv_round_info) == record

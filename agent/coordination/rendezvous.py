@@ -210,7 +210,10 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-
+"""
+# The functions of a round's transitions, for the scripts that make them: defining a dozen
+# closures on every call was a tenth of a beat's cost, and a node beats every interval.
+_ROUND_FNS = """
 local function notify(kind)
   return redis.call('XADD', K_NOTIFY, 'MAXLEN', '~', 1000, '*', 'e', kind)
 end
@@ -389,7 +392,7 @@ end
 # the settings readers need; one round trip fewer before a node waits).
 # Returns {status, round, now, wake, notify_id, payload, assignment}: payload is the round's
 # head when complete ("round group_rank base_rank" its assignment), open_payload() when open.
-_JOIN = _PRELUDE + """
+_JOIN = _PRELUDE + _ROUND_FNS + """
 local node, desc = ARGV[1], ARGV[2]
 local min, max = tonumber(ARGV[3]), tonumber(ARGV[4])
 local last_call, hbt, want = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -452,23 +455,32 @@ return {'open', round, now, next_wake(now, hbt), last_notify_id(), open_payload(
 # EVALSHA instead of two per node and interval: the call's own cost (a round trip, a script
 # started) is most of what either costs Redis.
 _BEAT_FN = """
--- Returns restored (1 if this beat put back what Redis had lost), and whether the node is a
--- member of the current round when the beat had to find out (nil otherwise).
+-- Returns restored (1 if this beat put back what Redis had lost); whether the node is a
+-- member of the current round when the beat had to find out (nil otherwise); the state as it
+-- read it ({round, status, closed}) when it changed nothing (nil otherwise), for a summary in
+-- the same script; and need (1: the readers' record of the round is gone and this node holds
+-- it, group rank 0: call again with it). full is '1' from the node that holds the round: the
+-- round itself (O(N) bytes) is sent only when Redis lost it, never with every beat. The head
+-- is decoded only to put it back: the round a node runs is the first word of its assignment.
 local function beat(node, desc, head, assign, full, now)
-local restored, member = 0, nil
+local restored, member, need = 0, nil, 0
+local s = redis.call('HMGET', K_STATE, 'round', 'status', 'closed')
 if head ~= '' then
-  local h = cjson.decode(head)
-  local s = redis.call('HMGET', K_STATE, 'round', 'status')
   local cur, status = s[1], s[2]
-  if not cur then
-    redis.call('DEL', K_RANKS, K_MEMBERS, K_WAITING, K_LEFT, K_LOST)
-    redis.call('HSET', K_STATE, 'round', h['round'], 'status', 'complete', 'closed', 0,
-               'deadline', 0, 'seq', h['world_size'], 'back', 0, 'prev_n', h['world_size'],
-               'head', head)
-    restored = 1
-    cur, status = h['round'], 'complete'
+  local mine = tonumber(string.match(assign, '^(%d+) '))
+  if not cur or not mine then
+    local h = cjson.decode(head)
+    mine = h['round']
+    if not cur then
+      redis.call('DEL', K_RANKS, K_MEMBERS, K_WAITING, K_LEFT, K_LOST)
+      redis.call('HSET', K_STATE, 'round', h['round'], 'status', 'complete', 'closed', 0,
+                 'deadline', 0, 'seq', h['world_size'], 'back', 0, 'prev_n', h['world_size'],
+                 'head', head)
+      restored = 1
+      cur, status = h['round'], 'complete'
+    end
   end
-  if tonumber(cur) == h['round'] and status == 'complete' then
+  if tonumber(cur) == mine and status == 'complete' then
     member = redis.call('HEXISTS', K_RANKS, node) == 1
     local rank = tonumber(string.match(assign, '^%d+ (%d+) '))
     if rank and not member then
@@ -478,35 +490,40 @@ if head ~= '' then
       restored, member = 1, true
     end
     if full ~= '' and redis.call('EXISTS', K_ROUND) == 0 then
-      local r = cjson.decode(full)
-      for _, n in ipairs(r['nodes']) do
-        if redis.call('HSETNX', K_RANKS, n['node'], n['group_rank']) == 1 then
-          redis.call('ZADD', K_MEMBERS, n['group_rank'], n['node'])
-          redis.call('ZADD', K_HB, now, n['node'])
+      if full == '1' then
+        need = 1
+      else
+        local r = cjson.decode(full)
+        for _, n in ipairs(r['nodes']) do
+          if redis.call('HSETNX', K_RANKS, n['node'], n['group_rank']) == 1 then
+            redis.call('ZADD', K_MEMBERS, n['group_rank'], n['node'])
+            redis.call('ZADD', K_HB, now, n['node'])
+          end
+          local d = {}
+          for k, v in pairs(n) do if k ~= 'group_rank' then d[k] = v end end
+          redis.call('HSETNX', K_NODES, n['node'], cjson.encode(d))
         end
-        local d = {}
-        for k, v in pairs(n) do if k ~= 'group_rank' then d[k] = v end end
-        redis.call('HSETNX', K_NODES, n['node'], cjson.encode(d))
+        redis.call('SET', K_ROUND, full)
+        restored = 1
       end
-      redis.call('SET', K_ROUND, full)
-      restored = 1
     end
   end
 end
 -- The node's description was written by its join; it goes back with whatever else was lost.
 if desc ~= '' and (restored == 1 or head == '') then redis.call('HSETNX', K_NODES, node, desc) end
 redis.call('ZADD', K_HB, now, node)
-return restored, member
+if restored == 1 then s = nil end
+return restored, member, s, need
 end
 """
 _HEARTBEAT = _PRELUDE + _BEAT_FN + """
 local now = now_ms()
-local restored = beat(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], now)
-return {now, restored}
+local restored, _, _, need = beat(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], now)
+return {now, restored, need}
 """
 
 # ARGV: node, min
-_LEAVE = _PRELUDE + """
+_LEAVE = _PRELUDE + _ROUND_FNS + """
 local node = ARGV[1]
 local round, status = state()
 redis.call('ZREM', K_HB, node)
@@ -522,7 +539,7 @@ notify('left')
 return 1
 """
 
-_CLOSE = _PRELUDE + """
+_CLOSE = _PRELUDE + _ROUND_FNS + """
 state()
 redis.call('HSET', K_STATE, 'closed', 1)
 notify('closed')
@@ -536,13 +553,14 @@ return 1
 # and returns those newly recorded, so one caller across the job reports each.
 _SUMMARY_FN = """
 -- member: whether the node is in the complete round, if the caller knows already (a beat in
--- the same script found out), else nil.
-local function summary(node, hbt, mark, now, member)
-local s = redis.call('HMGET', K_STATE, 'round', 'status', 'closed')
+-- the same script found out), else nil; s: the state ({round, status, closed}) if the caller
+-- read it already, else nil. Returns a flat array (cheaper than JSON at both ends): round,
+-- status, closed (0/1), n (members), member (0/1), live, lost, newly_lost, left, n_left,
+-- waiting, n_waiting, now.
+local function summary(node, hbt, mark, now, member, s)
+if s == nil then s = redis.call('HMGET', K_STATE, 'round', 'status', 'closed') end
 if not s[1] then
-  return cjson.encode({round = 0, status = 'gone', closed = false, n = 0, member = false,
-    live = 0, lost = {}, newly_lost = {}, left = {}, n_left = 0, waiting = {}, n_waiting = 0,
-    now = now})
+  return {0, 'gone', 0, 0, 0, 0, {}, {}, {}, 0, {}, 0, now}
 end
 local round, status, closed = tonumber(s[1]), s[2], s[3] == '1'
 local lost, newly = {}, {}
@@ -571,16 +589,16 @@ local n_left, n_waiting = redis.call('SCARD', K_LEFT), redis.call('ZCARD', K_WAI
 local left, waiting = {}, {}
 if n_left > 0 then left = redis.call('SRANDMEMBER', K_LEFT, NAMES) end
 if n_waiting > 0 then waiting = redis.call('ZRANGE', K_WAITING, 0, NAMES - 1) end
-return cjson.encode({round = round, status = status, closed = closed, n = n, member = member,
-  live = redis.call('ZCOUNT', K_HB, now - hbt, '+inf'), lost = lost, newly_lost = newly,
-  left = left, n_left = n_left, waiting = waiting, n_waiting = n_waiting, now = now})
+return {round, status, closed and 1 or 0, n, member and 1 or 0,
+  redis.call('ZCOUNT', K_HB, now - hbt, '+inf'), lost, newly, left, n_left, waiting, n_waiting,
+  now}
 end
 """
 _SUMMARY = _PRELUDE + _SUMMARY_FN + """
 return summary(ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', now_ms())
 """
 # ARGV: the beat's five (node, desc, head, assign, full), then the summary's heartbeat timeout
-# and mark, then the held gap (ms). Returns {restored, the summary's JSON, held}.
+# and mark, then the held gap (ms). Returns {restored, the summary (an array), held, need}.
 #
 # held (1): this node's own previous beat is older than the held gap (RendezvousSettings:
 # half the heartbeat timeout, never within the beats' normal spacing), by Redis's clock, so
@@ -592,14 +610,14 @@ _BEAT_SUMMARY = _PRELUDE + _BEAT_FN + _SUMMARY_FN + """
 local now, hbt, gap = now_ms(), tonumber(ARGV[6]), tonumber(ARGV[8])
 local prev = redis.call('ZSCORE', K_HB, ARGV[1])
 local held = ARGV[7] == '1' and not (prev and now - tonumber(prev) <= gap)
-local restored, member = beat(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], now)
+local restored, member, state, need = beat(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], now)
 local mark = ARGV[7] == '1' and not held
-return {restored, summary(ARGV[1], hbt, mark, now, member), held and 1 or 0}
+return {restored, summary(ARGV[1], hbt, mark, now, member, state), held and 1 or 0, need}
 """
 
 # ARGV: hbt_ms. The whole membership, every list in full: O(N), for tools and tests (a
 # node's loop reads _SUMMARY).
-_MEMBERSHIP = _PRELUDE + """
+_MEMBERSHIP = _PRELUDE + _ROUND_FNS + """
 local hbt = tonumber(ARGV[1])
 
 local now = now_ms()
@@ -668,8 +686,13 @@ def _command(method: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
 
 
 def _decode_list(value: Any) -> list[str]:
-    # cjson encodes an empty Lua table as {}: treat any non-list as empty.
-    return [str(x) for x in value] if isinstance(value, list) else []
+    # A script's array reply: bytes each (JSON's, from older scripts: str); anything else is
+    # empty (cjson encodes an empty Lua table as {}).
+    return [_text(x) for x in value] if isinstance(value, list) else []
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 class RedisRendezvous:
@@ -995,24 +1018,24 @@ class RedisRendezvous:
         held = False
         if beat:
             sent = time.monotonic()
-            restored, raw, held = yield from _script("beat_summary", [
+            restored, raw, held, need = yield from _script("beat_summary", [
                 *self._beat_args(), *summary_args, int(s.held_gap * 1000)])
-            yield from self._beaten(sent, restored)
+            yield from self._beaten(sent, restored, need)
             if held:  # cut off until just now, by Redis's clock: judge nobody yet
                 self._judge_after = max(self._judge_after,
                                         time.monotonic() + s.heartbeat_timeout)
         else:
             raw = yield from _script("summary", [self.node_id, *summary_args])
-        d = json.loads(raw)
+        (rnd, status, closed, n, member, live, lost, newly, left, n_left, waiting, n_waiting,
+         now) = raw
         if held:
-            d["lost"], d["newly_lost"] = [], []
+            lost, newly = [], []
         m = Membership(
-            round=int(d["round"]), status=str(d["status"]), closed=bool(d["closed"]),
-            members=[], live=[], lost=_decode_list(d["lost"]), left=_decode_list(d["left"]),
-            waiting=_decode_list(d["waiting"]), now_ms=int(d["now"]), member_count=int(d["n"]),
-            left_count=int(d["n_left"]), waiting_count=int(d["n_waiting"]),
-            live_count=int(d["live"]), is_member=bool(d["member"]))
-        return m, _decode_list(d["newly_lost"])
+            round=int(rnd), status=_text(status), closed=bool(closed), members=[], live=[],
+            lost=_decode_list(lost), left=_decode_list(left), waiting=_decode_list(waiting),
+            now_ms=int(now), member_count=int(n), left_count=int(n_left),
+            waiting_count=int(n_waiting), live_count=int(live), is_member=bool(member))
+        return m, _decode_list(newly)
 
     def num_nodes_waiting(self) -> int:
         """How many nodes want a new round: the agent should re-rendezvous when > 0.
@@ -1068,13 +1091,16 @@ class RedisRendezvous:
         list the job again (everything a reader needs of the rendezvous)."""
         self._drive(self._heartbeat_steps())
 
-    def _beat_args(self) -> list[Any]:
-        return [self.node_id, self._desc, self._head, self._assign, self._round_json]
+    def _beat_args(self, full: bool = False) -> list[Any]:
+        """A beat's arguments: the round itself (group rank 0 holds it) only when ``full``,
+        after a beat said Redis lost it; '1' otherwise, to say this node holds it."""
+        held = (self._round_json if full else b"1") if self._round_json else b""
+        return [self.node_id, self._desc, self._head, self._assign, held]
 
     def _heartbeat_steps(self) -> Generator[Any, Any, None]:
         sent = time.monotonic()
-        _, restored = yield from _script("heartbeat", self._beat_args())
-        yield from self._beaten(sent, restored)
+        _, restored, need = yield from _script("heartbeat", self._beat_args())
+        yield from self._beaten(sent, restored, need)
 
     def _beat_due(self) -> bool:
         """Whether the heartbeat thread, at one of its ticks (every interval), must beat: no
@@ -1086,9 +1112,13 @@ class RedisRendezvous:
         return done is None or (
             time.monotonic() - done >= 1.25 * self.settings.keep_alive_interval)
 
-    def _beaten(self, sent: float, restored: Any) -> Generator[Any, Any, None]:
-        """After a beat that was sent at ``sent``: the renewal's bookkeeping, and the job's
-        listing put back if the beat found the rendezvous lost and restored it."""
+    def _beaten(self, sent: float, restored: Any, need: Any = 0) -> Generator[Any, Any, None]:
+        """After a beat that was sent at ``sent``: the renewal's bookkeeping, the round's
+        record sent if the beat said Redis lost it (``need``), and the job's listing put back
+        if the beat found the rendezvous lost and restored it."""
+        if need:
+            _, again, _ = yield from _script("heartbeat", self._beat_args(full=True))
+            restored = restored or again
         done = time.monotonic()
         if self._renewal_done is not None and done - self._renewal_done > self.settings.held_gap:
             self._judge_after = done + self.settings.heartbeat_timeout  # held up: _may_judge
