@@ -13,7 +13,14 @@ blocking reads (the commands and the rendezvous's notify stream in one XREAD, St
 The nodes are packed into as many processes as there are cores; each process runs its nodes
 on one event loop, the rendezvous through ``AsyncRedisRendezvous`` (the agent's steps and
 scripts, driven by asyncio instead of a thread per node: 2,048 threads a process hopping to
-the loop for every call would be the bench measuring itself). For each N it prints:
+the loop for every call would be the bench measuring itself). What the packing would add and
+an agent on a host of its own does not pay is left out, and said here: the processes run
+without the cyclic garbage collector once their nodes are connected (a full pass over 2,048
+nodes' objects took 100-380 ms and stalled them all; their peak RSS is printed), and a node
+whose "workers" stop at once lets its restart ack be written first, for at most ``STOP_S``,
+as an agent's ack is while its workers exit. Each process's loop lag (how late it runs what is
+due) is printed with the steady state: near 0 the figures are the protocol's, not the bench's.
+For each N it prints:
 
 * forming: from the moment all nodes are released together until every node holds its rank;
 * steady state over ``--steady`` seconds (heartbeats, summaries, progress, samples, no logs):
