@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from elastic_agent.coordination.ports import free_port
+from elastic_agent.coordination.ports import port_is_free
 
 from .waiting import wait_until
 
@@ -102,7 +102,7 @@ class SlurmCluster:
         # which process to stop.
 
     def _write_conf(self) -> None:
-        ports = [free_port() for _ in range(1 + len(NODES))]
+        ports = _listen_ports(1 + len(NODES))
         d = self.dir
         lines = [
             f"ClusterName=ec{random.randrange(10**6)}",
@@ -223,3 +223,16 @@ def _gone(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except (OSError, IndexError):
         return True
+
+
+def _listen_ports(n: int) -> list[int]:
+    """``n`` free ports below Linux's ephemeral range (32768-60999): a port picked from that
+    range (bind to 0) can be taken, before the daemon binds it, as the local port of any
+    outgoing connection on this host (a CI run met slurmctld's so, with another test running
+    beside it). Below 20000 too: the agents derive their Redis's port from 20000 up."""
+    picked: list[int] = []
+    while len(picked) < n:
+        port = random.randrange(10000, 20000)
+        if port not in picked and port_is_free(port):
+            picked.append(port)
+    return picked

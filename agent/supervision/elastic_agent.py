@@ -787,6 +787,10 @@ class ElasticAgent:
         if claimed:
             self.events.emit(EventType.RESTARTING, reason="failure", restarts_used=used,
                              max_restarts=self.cfg.max_restarts)
+            # Written before this node opens the next round: the nodes waiting at the exit
+            # barrier leave it on this event, with its reason, not on the round's 'open'.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.publisher.flush(), timeout=1.0)
         self.say(f"worker group failed ({cause.get('message', '?') if cause else '?'}); "
                  f"restarting ({used}/{self.cfg.max_restarts} restarts used)")
         return None
@@ -866,8 +870,10 @@ class ElasticAgent:
         passing = asyncio.ensure_future(asyncio.to_thread(
             barrier, store, r.group_world_size, "exit", self.cfg.exit_barrier_timeout,
             r.group_rank))
-        watchers = [asyncio.ensure_future(self._watch_membership()),
-                    asyncio.ensure_future(self._watch_failures(r))]
+        # The failure first: when both have come, its event says why (the round's 'open' that
+        # the failing node sends after it does not).
+        watchers = [asyncio.ensure_future(self._watch_failures(r)),
+                    asyncio.ensure_future(self._watch_membership())]
         reason: tuple[Outcome, Any] | None = None
         try:
             while True:
