@@ -22,6 +22,7 @@ from elastic_agent.coordination.rendezvous import (
     RedisRendezvous,
     RendezvousClosedError,
     RendezvousConnectionError,
+    RendezvousError,
     RendezvousProgress,
     RendezvousResult,
     RendezvousSettings,
@@ -512,3 +513,11 @@ def test_group_rank_0_sends_the_whole_round_only_when_redis_lost_it(
     assert r.get(JobKeys(job_id).rdzv_round_info) is None  # only its holder can put it back
     assert sent(rank0) > len(record)
     assert r.get(JobKeys(job_id).rdzv_round_info) == record
+
+
+def test_a_state_another_writer_broke_is_one_clear_error(nodes: Nodes, r, job_id: str) -> None:
+    handle = nodes.make(fixed(1))
+    nodes.join_all([handle])
+    r.hset(JobKeys(job_id).rdzv_state, "round", "not a number")
+    with pytest.raises(RendezvousError, match=r"unreadable.*new --job-id"):
+        handle.lost_since_last_check(True)

@@ -705,6 +705,9 @@ def make_client(
     return redis.Redis.from_url(ep.url, **kwargs)
 
 
+_timeout = getattr(asyncio, "timeout", None)  # Python 3.11 on
+
+
 async def wait_set(event: asyncio.Event, timeout: float | None) -> None:
     """Until ``event`` is set or ``timeout`` s passed (None: no limit). Under a deadline
     rather than ``wait_for``, which on Python 3.11 runs the wait as a task of its own: one
@@ -716,9 +719,6 @@ async def wait_set(event: asyncio.Event, timeout: float | None) -> None:
     with contextlib.suppress(TimeoutError):
         async with _timeout(timeout):
             await event.wait()
-
-
-_timeout = getattr(asyncio, "timeout", None)
 
 
 def raise_if_cancelled() -> None:

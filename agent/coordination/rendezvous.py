@@ -1026,16 +1026,10 @@ class RedisRendezvous:
                                         time.monotonic() + s.heartbeat_timeout)
         else:
             raw = yield from _script("summary", [self.node_id, *summary_args])
-        (rnd, status, closed, n, member, live, lost, newly, left, n_left, waiting, n_waiting,
-         now) = raw
+        m, newly = _decode_summary(raw)
         if held:
-            lost, newly = [], []
-        m = Membership(
-            round=int(rnd), status=_text(status), closed=bool(closed), members=[], live=[],
-            lost=_decode_list(lost), left=_decode_list(left), waiting=_decode_list(waiting),
-            now_ms=int(now), member_count=int(n), left_count=int(n_left),
-            waiting_count=int(n_waiting), live_count=int(live), is_member=bool(member))
-        return m, _decode_list(newly)
+            return replace(m, lost=[]), []
+        return m, newly
 
     def num_nodes_waiting(self) -> int:
         """How many nodes want a new round: the agent should re-rendezvous when > 0.
@@ -1268,6 +1262,23 @@ def _decode_result(head: Any, assign: Any) -> RendezvousResult:
     except (protocol.ProtocolError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise RendezvousError(f"the rendezvous record is unreadable ({exc}): another writer "
                               "broke the job's keys; start it under a new --job-id") from None
+
+
+def _decode_summary(raw: Any) -> tuple[Membership, list[str]]:
+    """The summary script's array (see _SUMMARY_FN) and its newly lost nodes. A state another
+    writer broke (a round that is no number) truncates the array: one clear error."""
+    try:
+        (rnd, status, closed, n, member, live, lost, newly, left, n_left, waiting, n_waiting,
+         now) = raw
+        m = Membership(
+            round=int(rnd), status=_text(status), closed=bool(closed), members=[], live=[],
+            lost=_decode_list(lost), left=_decode_list(left), waiting=_decode_list(waiting),
+            now_ms=int(now), member_count=int(n), left_count=int(n_left),
+            waiting_count=int(n_waiting), live_count=int(live), is_member=bool(member))
+    except (ValueError, TypeError) as exc:
+        raise RendezvousError(f"the rendezvous record is unreadable ({exc}): another writer "
+                              "broke the job's keys; start it under a new --job-id") from None
+    return m, _decode_list(newly)
 
 
 def _decode_round(raw: Any) -> RoundInfo:
