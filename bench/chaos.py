@@ -90,11 +90,11 @@ from elastic_agent.coordination.protocol import (
     JobKeys,
     decode_log_entries,
 )
-from elastic_agent.supervision.standalone import RedisServer
-from elastic_console.app import ConsoleApp
+from elastic_agent.supervision.hosting.standalone import RedisServer
 from elastic_console.cli import status_object
-from elastic_console.client import JobClient
-from elastic_console.state import BatchDeduper, ConnectionChange, JobView
+from elastic_console.job.client import JobClient
+from elastic_console.job.state import BatchDeduper, ConnectionChange, JobView
+from elastic_console.tui.app import ConsoleApp
 
 AGENT = [sys.executable, "-m", "elastic_agent.supervision.cli"]
 CONSOLE = [sys.executable, "-m", "elastic_console.cli"]
@@ -649,7 +649,7 @@ class Chaos:
         return rs.round + 1
 
     async def _command_from_console(self) -> tuple[str, int]:
-        from elastic_console.widgets.dialogs import CommandDialog
+        from elastic_console.tui.widgets.dialogs import CommandDialog
 
         app, pilot = self.app, self.pilot
         if not await until(lambda: app.check_action("restart", ()) is True, 30):

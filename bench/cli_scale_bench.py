@@ -48,7 +48,7 @@ import redis
 
 from elastic_agent.coordination.connection import make_client
 from elastic_agent.coordination.protocol import EventType, JobKeys
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.hosting.standalone import RedisServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from console_bench import Feeder

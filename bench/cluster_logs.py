@@ -60,9 +60,9 @@ from tests.cluster import Cluster
 
 from elastic_agent.coordination import protocol
 from elastic_agent.coordination.protocol import JobKeys
-from elastic_agent.supervision.logs import LogConfig, NodeLogs
-from elastic_agent.supervision.publisher import StreamPublisher
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.hosting.standalone import RedisServer
+from elastic_agent.supervision.records.logs import LogConfig, NodeLogs
+from elastic_agent.supervision.records.publisher import StreamPublisher
 
 BACKLOG_BYTES = 1 << 20  # a node's publisher holding more unsent than this is not fed
 

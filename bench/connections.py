@@ -28,7 +28,7 @@ import psutil
 import redis
 
 from elastic_agent.coordination.connection import parse_endpoint
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.hosting.standalone import RedisServer
 
 WORKER = '''
 import os, time
@@ -64,7 +64,7 @@ def most_over(seconds: float, count: Callable[[], int]) -> int:
 
 
 async def console_connections(url: str, job: str, port: int, seconds: float) -> int:
-    from elastic_console.app import ConsoleApp
+    from elastic_console.tui.app import ConsoleApp
 
     app = ConsoleApp(job, endpoint=parse_endpoint(url))
     mine = os.getpid()

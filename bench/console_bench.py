@@ -155,10 +155,10 @@ from elastic_agent.coordination.protocol import (
     JobKeys,
     encode_event,
 )
-from elastic_agent.supervision.logs import LOG_LINGER
-from elastic_agent.supervision.standalone import RedisServer
-from elastic_console.app import ConsoleApp
-from elastic_console.state import DEFAULT_SCROLLBACK
+from elastic_agent.supervision.hosting.standalone import RedisServer
+from elastic_agent.supervision.records.logs import LOG_LINGER
+from elastic_console.job.state import DEFAULT_SCROLLBACK
+from elastic_console.tui.app import ConsoleApp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from log_view_bench import make_pool

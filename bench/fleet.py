@@ -72,14 +72,14 @@ from elastic_agent.coordination.rendezvous import (
 from elastic_agent.coordination.stack_dumps import RankStack, group_stacks, parse_faulthandler
 from elastic_agent.coordination.stack_replies import request_stacks
 from elastic_agent.coordination.stream_mux import StreamMux
-from elastic_agent.supervision.commands import CommandReader, Rejected
-from elastic_agent.supervision.events import EventSink, ResourceSampler
-from elastic_agent.supervision.job_records import JobRecords, ReseedSchedule
+from elastic_agent.supervision.diagnosis.stacks import StackCollector
+from elastic_agent.supervision.diagnosis.stall import StallWatch, interval_for
+from elastic_agent.supervision.hosting.standalone import RedisServer
 from elastic_agent.supervision.loops import Cadence
-from elastic_agent.supervision.publisher import StreamPublisher
-from elastic_agent.supervision.stacks import StackCollector
-from elastic_agent.supervision.stall import StallWatch, interval_for
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.records.commands import CommandReader, Rejected
+from elastic_agent.supervision.records.events import EventSink, ResourceSampler
+from elastic_agent.supervision.records.job_records import JobRecords, ReseedSchedule
+from elastic_agent.supervision.records.publisher import StreamPublisher
 
 _STACK = """Thread 0x00007f0000000001 (most recent call first):
   File "/opt/train.py", line {line} in {fn}

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-PROBE = Path(__file__).resolve().parent.parent / "agent" / "supervision" / "recorder_probe.py"
+PROBE = Path(__file__).resolve().parent.parent / "agent" / "supervision" / "launch" / "recorder_probe.py"
 
 
 def main() -> None:

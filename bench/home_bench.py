@@ -24,10 +24,10 @@ import redis
 
 from elastic_agent.coordination.connection import parse_endpoint
 from elastic_agent.coordination.protocol import JOBS_INDEX, EventType, JobKeys, encode_event
-from elastic_agent.supervision.standalone import RedisServer
-from elastic_console.app import ConsoleApp
-from elastic_console.client import JobClient
-from elastic_console.home import JobsScreen
+from elastic_agent.supervision.hosting.standalone import RedisServer
+from elastic_console.job.client import JobClient
+from elastic_console.tui.app import ConsoleApp
+from elastic_console.tui.home import JobsScreen
 
 
 def write_jobs(r: redis.Redis, jobs: int, running: int, events: int) -> None:

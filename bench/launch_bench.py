@@ -76,7 +76,7 @@ import psutil
 
 from elastic_agent.coordination.connection import make_client
 from elastic_agent.coordination.protocol import STDOUT, JobKeys, LogBatch, decode_log_entries
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.hosting.standalone import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -8,7 +8,7 @@ fed view added to the process (after a full collection), that per line held, and
 ``JobView.apply_logs`` took per line over the whole feed (packing included).
 
 * ``tuples``: the rings before issue 15 (every line a tuple of Python objects);
-* ``packed``: the console's rings now (console/packed_buffer.py).
+* ``packed``: the console's rings now (console/job/packed_buffer.py).
 
 torchrun has no console and no rings: the baseline is the tuples variant, and the ratio is
 packed / tuples.
@@ -36,8 +36,8 @@ T0 = 1_700_000_000_000
 
 def child(args: argparse.Namespace) -> dict[str, float]:
     from elastic_agent.coordination.protocol import LogBatch
-    from elastic_console import state
-    from elastic_console.logbuffer import LogBuffer
+    from elastic_console.job import state
+    from elastic_console.job.logbuffer import LogBuffer
 
     if args.variant == "tuples":
         state.PackedLogBuffer = LogBuffer  # type: ignore[misc]  # the rings before issue 15

@@ -7,7 +7,7 @@ its peak RSS (``ru_maxrss``) is its own:
 * ``log``:      Textual's ``Log`` (``write_lines``, ``max_lines=200_000``), same lines;
 * ``filters``:  LogView again, pressing keys the app binds to change ``rank_filter`` (``r``)
   and ``stderr_only`` (``e``) while the feed runs (``Log`` cannot filter: no counterpart);
-* ``unique``:   LogView over the console's ``u`` rows (console/dedupe.py: a line many ranks
+* ``unique``:   LogView over the console's ``u`` rows (console/job/dedupe.py: a line many ranks
   printed, once), taken in from the fed ring at each tick as the app does;
 * ``tuned``:    LogView with the lines as plain tuples instead of the ``LogLine`` NamedTuple
   and ``gc.freeze()`` after startup. A NamedTuple instance stays tracked by the cyclic GC for
@@ -53,9 +53,9 @@ from textual.geometry import Region
 from textual.strip import Strip
 from textual.widgets import Log
 
-from elastic_console.dedupe import UniqueLogs
-from elastic_console.logbuffer import LogBuffer, LogLine
-from elastic_console.widgets.log_view import LogView
+from elastic_console.job.dedupe import UniqueLogs
+from elastic_console.job.logbuffer import LogBuffer, LogLine
+from elastic_console.tui.widgets.log_view import LogView
 
 SIZE = (160, 50)
 RANKS = 1024

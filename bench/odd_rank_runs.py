@@ -22,7 +22,7 @@ from pathlib import Path
 import redis
 
 from elastic_agent.coordination.protocol import EventType, JobKeys, decode_event
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.hosting.standalone import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 HANG = ROOT / "examples" / "hang.py"

@@ -36,10 +36,10 @@ from pathlib import Path
 
 from elastic_agent.coordination.connection import make_client
 from elastic_agent.coordination.protocol import LogBatch
-from elastic_agent.supervision.standalone import RedisServer
-from elastic_console.client import JobClient
-from elastic_console.gc_policy import GcPolicy
-from elastic_console.state import JobView
+from elastic_agent.supervision.hosting.standalone import RedisServer
+from elastic_console.job.client import JobClient
+from elastic_console.job.state import JobView
+from elastic_console.tui.gc_policy import GcPolicy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import console_bench

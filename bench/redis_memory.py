@@ -37,7 +37,7 @@ from elastic_agent.coordination.protocol import (
     LogBatch,
     encode_node_log_entry,
 )
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.hosting.standalone import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = """
@@ -138,7 +138,7 @@ def copy_jobs(r: redis.Redis, template: str, n: int) -> list[str]:
 
 
 async def list_jobs_s(url: str) -> tuple[float, int]:
-    from elastic_console.client import JobClient
+    from elastic_console.job.client import JobClient
 
     client = JobClient(url)
     try:

@@ -20,7 +20,7 @@ import time
 import uuid
 
 from elastic_agent.coordination.ports import free_port
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.hosting.standalone import RedisServer
 
 
 def rendezvous_time(backend: str, endpoint: str, n: int, timeout: float) -> float | None:

@@ -38,8 +38,8 @@ from elastic_agent.coordination.connection import make_async_client, make_client
 from elastic_agent.coordination.protocol import Command, JobKeys, encode_command
 from elastic_agent.coordination.stack_dumps import group_line, group_stacks
 from elastic_agent.coordination.stack_replies import request_stacks
-from elastic_agent.supervision import stacks as agent_stacks
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.hosting.standalone import RedisServer
+from elastic_agent.supervision.launch import probes
 
 SLEEPER = """\
 import time
@@ -137,8 +137,8 @@ async def latencies(url: str, job: str, ranks: int, requests: int) -> tuple[list
 
 async def screen_latencies(url: str, job: str, requests: int) -> list[float]:
     from elastic_agent.coordination.connection import parse_endpoint
-    from elastic_console.app import ConsoleApp
-    from elastic_console.widgets.stacks import StacksScreen
+    from elastic_console.tui.app import ConsoleApp
+    from elastic_console.tui.widgets.stacks import StacksScreen
 
     app = ConsoleApp(job, endpoint=parse_endpoint(url), cursor_blink=False)
     out = []
@@ -179,10 +179,10 @@ def overhead(tmp: Path, runs: int, n: int, source: str) -> dict[str, list[float]
     os.mkfifo(fifo, 0o600)
     reader = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # held open, as the agent does
     plain = [sys.executable, "-u", str(loop), str(n)]
-    armed_env = {**os.environ, **agent_stacks.worker_vars(agent_stacks.DEFAULT_SIGNAL, fifo)}
+    armed_env = {**os.environ, **probes.worker_vars(probes.DEFAULT_SIGNAL, fifo)}
     variants = {"plain": (plain, os.environ),
-                "bootstrap only": (agent_stacks.boot_argv(plain), os.environ),
-                "bootstrap + handler": (agent_stacks.boot_argv(plain), armed_env)}
+                "bootstrap only": (probes.boot_argv(plain), os.environ),
+                "bootstrap + handler": (probes.boot_argv(plain), armed_env)}
     times: dict[str, list[float]] = {k: [] for k in variants}
     try:
         for _ in range(runs):

@@ -64,11 +64,10 @@ from elastic_agent.coordination.protocol import (
 )
 from elastic_agent.coordination.text import sanitize, strip_sgr, terminal_line
 
-from .client import Ack, JobClient
-from .dedupe import Collapser, Group
-from .formatting import fmt_age, fmt_bytes
-from .serve import DEFAULT_MAX_SESSIONS  # the module imports aiohttp only when it serves
-from .state import (
+from .job.client import Ack, JobClient
+from .job.dedupe import Collapser, Group
+from .job.formatting import fmt_age, fmt_bytes
+from .job.state import (
     DEFAULT_ALL_SCROLLBACK,
     DEFAULT_SCROLLBACK,
     RANK_LINES_TOTAL,
@@ -77,6 +76,7 @@ from .state import (
     JobView,
     RankState,
 )
+from .tui.serve import DEFAULT_MAX_SESSIONS  # the module imports aiohttp only when it serves
 
 PROG = "elastic-console"
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
@@ -284,7 +284,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command in (None, "attach"):
         return _attach(ep, args)
     if args.command == "serve":
-        from .serve import serve  # aiohttp and textual-serve only for this subcommand
+        from .tui.serve import serve  # aiohttp and textual-serve only for this subcommand
 
         return serve(ep, None if args.job is None else _job(args), host=args.host,
                      port=args.port, allow_commands=args.allow_commands,
@@ -594,7 +594,7 @@ class _LogPrinter:
     # -- --dedupe ---------------------------------------------------------------------------
     def _collapsed_history(self, kept: list[LogBatch], n: int, follow: bool) -> list[str]:
         """The last ``n`` rows of ``kept`` with identical lines of many ranks collapsed
-        (:mod:`elastic_console.dedupe`), each line in its latest state as above."""
+        (:mod:`elastic_console.job.dedupe`), each line in its latest state as above."""
         assert self.collapse is not None
         last = {(b.node, b.rank, b.stream, b.attempt): i for i, b in enumerate(kept)}
         rows: list[Group] = []
@@ -722,7 +722,7 @@ async def _logs(ep: Endpoint, args: argparse.Namespace) -> int:
 
 
 async def _attempt_logs(ep: Endpoint, job: str, args: argparse.Namespace) -> int:
-    """``logs --attempt N``: that attempt's last ``--tail`` lines (console/attempts.py)."""
+    """``logs --attempt N``: that attempt's last ``--tail`` lines (console/job/attempts.py)."""
     if args.follow:
         raise CliError("--attempt shows an attempt that is over; it cannot be followed "
                        "(drop -f, or drop --attempt to follow the current one)", EXIT_USAGE)
@@ -853,7 +853,7 @@ async def _ready_for_request(ep: Endpoint, args: argparse.Namespace, job: str) -
     can answer: the job ended, no round completed, or ``--rank`` is not in it."""
     import redis
 
-    from .stack_view import job_round
+    from .job.stack_view import job_round
 
     client = await _open(ep, job)
     try:
@@ -876,7 +876,7 @@ async def _stacks(ep: Endpoint, args: argparse.Namespace) -> int:
     """Ask every agent of the job for its ranks' Python stacks (read-only: no confirmation)."""
     import redis
 
-    from .stack_view import fetch_stacks, result_json, result_lines
+    from .job.stack_view import fetch_stacks, result_json, result_lines
 
     job = _job(args)
     await _ready_for_request(ep, args, job)
@@ -898,7 +898,7 @@ async def _collectives(ep: Endpoint, args: argparse.Namespace) -> int:
     """Ask every agent for its ranks' flight recorder traces (read-only: no confirmation)."""
     import redis
 
-    from .collective_view import fetch_collectives, result_json, result_lines
+    from .job.collective_view import fetch_collectives, result_json, result_lines
 
     job = _job(args)
     await _ready_for_request(ep, args, job)
@@ -960,7 +960,7 @@ async def _rm(ep: Endpoint, args: argparse.Namespace) -> int:
 
 def _attach(ep: Endpoint, args: argparse.Namespace) -> int:
     """Start the Textual app: ``run_app(endpoint=..., job_id=..., read_only=..., scrollback=...)``
-    from ``elastic_console.app``, imported here only (the other subcommands never load
+    from ``elastic_console.tui.app``, imported here only (the other subcommands never load
     Textual). Its return value, if an int, is the exit status.
 
     A job that does not exist yet is not an error: the app waits for it (and lists the jobs it
@@ -972,7 +972,7 @@ def _attach(ep: Endpoint, args: argparse.Namespace) -> int:
         raise CliError("attach needs a terminal (stdin and stdout are not both a tty); "
                        f"scripts can use {PROG} status, logs and events", EXIT_USAGE)
     try:
-        from elastic_console.app import run_app
+        from elastic_console.tui.app import run_app
     except ModuleNotFoundError as exc:
         raise CliError(f"the console app cannot start: {exc}") from None
 

@@ -10,7 +10,7 @@ args=(--standalone --job-id "$job" --nproc-per-node 4 --max-restarts 3 --log-dir
       examples/train.py --steps 40 --crash-rank 2 --crash-step 12 --sleep 0.25
       --checkpoint-dir ".demo/ckpt-$job")
 
-if [ -t 0 ] && [ -t 1 ] && python -c "import elastic_console.app" 2>/dev/null; then
+if [ -t 0 ] && [ -t 1 ] && python -c "import elastic_console.tui.app" 2>/dev/null; then
   log=".demo/$job.agent.log"
   elastic-agent "${args[@]}" >"$log" 2>&1 &
   agent=$!

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from elastic_agent.coordination.connection import parse_endpoint
-from elastic_agent.supervision.standalone import RedisServer
-from elastic_console.app import ConsoleApp
+from elastic_agent.supervision.hosting.standalone import RedisServer
+from elastic_console.tui.app import ConsoleApp
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "screenshots"
@@ -88,8 +88,8 @@ async def shoot(url: str, job: str) -> None:
 
 
 async def shoot_hang(url: str, job: str) -> None:
-    from elastic_console.home import JobsScreen
-    from elastic_console.widgets.stacks import StacksScreen
+    from elastic_console.tui.home import JobsScreen
+    from elastic_console.tui.widgets.stacks import StacksScreen
 
     app = ConsoleApp(job, endpoint=parse_endpoint(url), cursor_blink=False)
     async with app.run_test(size=SIZE) as pilot:

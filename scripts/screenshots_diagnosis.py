@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from screenshots import OUT, ROOT, SIZE, until
 
 from elastic_agent.coordination.connection import parse_endpoint
-from elastic_agent.supervision.standalone import RedisServer
-from elastic_console.app import ConsoleApp
+from elastic_agent.supervision.hosting.standalone import RedisServer
+from elastic_console.tui.app import ConsoleApp
 
 
 def agents(url: str, job: str, tmp: str, script: str, env: dict[str, str],
@@ -38,7 +38,7 @@ def agents(url: str, job: str, tmp: str, script: str, env: dict[str, str],
 
 
 async def shoot_collectives(url: str, job: str) -> None:
-    from elastic_console.widgets.stacks import StacksScreen
+    from elastic_console.tui.widgets.stacks import StacksScreen
 
     app = ConsoleApp(job, endpoint=parse_endpoint(url), cursor_blink=False)
     async with app.run_test(size=SIZE) as pilot:

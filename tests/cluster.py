@@ -10,7 +10,7 @@ import redis
 from redis.crc import key_slot
 
 from elastic_agent.coordination.ports import port_is_free
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.hosting.standalone import RedisServer
 from tests.waiting import wait_until
 
 SLOTS = 16384

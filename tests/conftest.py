@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from elastic_agent.coordination.connection import make_client
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.hosting.standalone import RedisServer
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ them) and root (slurmd launches steps as the submitting user through setuid slur
 
 Every port is free when picked and the first job id is random, so two test sessions on one
 machine (two engineers) run two clusters side by side without sharing a job id, which the
-agent turns into a Redis port (agent/supervision/slurm.py).
+agent turns into a Redis port (agent/supervision/hosting/slurm.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from textual.pilot import Pilot
 
 from elastic_agent.coordination.connection import make_client
 from elastic_agent.coordination.protocol import EventType
-from elastic_console.widgets.attempt_logs import AttemptLogsScreen
+from elastic_console.tui.widgets.attempt_logs import AttemptLogsScreen
 from tests.agents import SCRIPTS, Agent
 from tests.test_console_app import App, console, events_of, loaded, on_screen, run, screen_text
 from tests.test_console_cli import console as cli
@@ -32,7 +32,7 @@ def test_read_attempt_keeps_that_attempt_bounded_and_skips_bad_entries(redis_url
         decode_log_entries,
         encode_node_log_entry,
     )
-    from elastic_console.attempts import read_attempt
+    from elastic_console.job.attempts import read_attempt
 
     streams = [f"elastic:log:{{{job_id}/0}}:n{i}" for i in range(2)]
     for i, stream in enumerate(streams):

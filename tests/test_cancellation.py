@@ -18,8 +18,8 @@ import redis
 
 from elastic_agent.coordination.connection import make_async_client, raise_if_cancelled
 from elastic_agent.coordination.protocol import console_client_name
-from elastic_agent.supervision.commands import CommandReader
-from elastic_console.client import BLOCK_MS, JobClient
+from elastic_agent.supervision.records.commands import CommandReader
+from elastic_console.job.client import BLOCK_MS, JobClient
 from tests.waiting import blocked_in, wait_until_async
 
 # A loop must end within one blocked read after the request, plus slack for a loaded machine.

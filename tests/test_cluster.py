@@ -47,11 +47,11 @@ from elastic_agent.coordination.protocol import (
     log_shard_tags,
 )
 from elastic_agent.coordination.torch_compat import TorchRedisStore
-from elastic_agent.supervision.logs import NodeLogs, WorkerLogs, make_logs_drop_marker
-from elastic_agent.supervision.publisher import StreamPublisher
-from elastic_agent.supervision.retention import JobRetention
-from elastic_console.app import ConsoleApp
-from elastic_console.client import BLOCK_MS, JobClient
+from elastic_agent.supervision.records.logs import NodeLogs, WorkerLogs, make_logs_drop_marker
+from elastic_agent.supervision.records.publisher import StreamPublisher
+from elastic_agent.supervision.records.retention import JobRetention
+from elastic_console.job.client import BLOCK_MS, JobClient
+from elastic_console.tui.app import ConsoleApp
 from tests.agents import SCRIPTS, Agent
 from tests.cluster import Cluster, cluster_port
 from tests.test_agent import FAST, agent_args, of_type, worker_pids

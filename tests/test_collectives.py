@@ -187,7 +187,7 @@ def test_collectives_json_names_the_rank_python_stacks_cannot(hung_job, redis_ur
 
 
 def test_the_stacks_screen_shows_the_suspect(hung_job, redis_url):
-    from elastic_console.widgets.stacks import StacksScreen
+    from elastic_console.tui.widgets.stacks import StacksScreen
     from tests.test_console_app import console as app_for
     from tests.test_console_app import loaded, on_screen, run, screen_text
     from tests.waiting import wait_until_async
@@ -238,7 +238,7 @@ def test_a_restart_captures_the_traces_before_the_kill(hung_job, redis_url):
 
 def test_flight_recorder_flag():
     from elastic_agent.supervision.config import UsageError, parse_args
-    from elastic_agent.supervision.recorder import DEFAULT_ENTRIES, worker_env
+    from elastic_agent.supervision.diagnosis.recorder import DEFAULT_ENTRIES, worker_env
 
     base = ["--standalone", str(HANG)]
     assert parse_args(base).flight_recorder == DEFAULT_ENTRIES
@@ -303,7 +303,7 @@ def test_a_balanced_job_names_no_straggler(redis_url, r, job_id, tmp_path):
 
 
 async def _console_shows_the_straggler(redis_url: str, job_id: str) -> None:
-    from elastic_console.app import ConsoleApp
+    from elastic_console.tui.app import ConsoleApp
     from tests.test_stall import screen_text
     from tests.waiting import wait_until_async
 
@@ -319,7 +319,7 @@ async def _console_shows_the_straggler(redis_url: str, job_id: str) -> None:
 
 def test_the_console_state_marks_stragglers_and_survives_hostile_data():
     from elastic_agent.coordination.protocol import decode_event, encode_event
-    from elastic_console.state import JobView
+    from elastic_console.job.state import JobView
 
     v = JobView("job-s")
     seq = iter(range(1, 100))
@@ -346,7 +346,8 @@ def test_the_console_state_marks_stragglers_and_survives_hostile_data():
 
 
 def test_a_hostile_or_silent_worker_on_the_recorder_socket(tmp_path):
-    from elastic_agent.supervision.recorder import NOT_LINKED, RecorderLink, to_trace
+    from elastic_agent.supervision.diagnosis.recorder import to_trace
+    from elastic_agent.supervision.launch.probes import NOT_LINKED, RecorderLink
     from tests.waiting import wait_until_async
 
     async def scenario() -> None:
@@ -379,7 +380,7 @@ def test_a_hostile_or_silent_worker_on_the_recorder_socket(tmp_path):
 def test_straggler_checks_cost_redis_the_same_per_node_at_any_size(private_redis):
     """Counted, never timed (INFO commandstats of a server of the test's own): each node's
     write, and group rank 0's decision, must not grow with the job's size."""
-    from elastic_agent.supervision.stragglers import StragglerWatch
+    from elastic_agent.supervision.diagnosis.stragglers import StragglerWatch
 
     sync = redis.Redis.from_url(private_redis.url)
 
@@ -411,7 +412,7 @@ def test_straggler_checks_cost_redis_the_same_per_node_at_any_size(private_redis
 
 def test_the_console_state_names_the_collectives_suspects_of_a_stall():
     from elastic_agent.coordination.protocol import decode_event, encode_event
-    from elastic_console.state import JobView
+    from elastic_console.job.state import JobView
 
     v = JobView("job-s")
     for i, (ms, etype, data) in enumerate([

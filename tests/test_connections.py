@@ -21,7 +21,7 @@ from elastic_agent.coordination import stream_mux
 from elastic_agent.coordination.connection import make_async_client, make_client, priority
 from elastic_agent.coordination.protocol import Command, EventType, JobKeys, encode_command
 from elastic_agent.coordination.stream_mux import StreamMux
-from elastic_agent.supervision.publisher import StreamPublisher
+from elastic_agent.supervision.records.publisher import StreamPublisher
 from elastic_agent.supervision.redis_bridge import SyncBridge
 from tests.agents import SCRIPTS, Agent, wait_until
 from tests.test_agent import FAST, agent_args, of_type, worker_pids

@@ -32,14 +32,14 @@ from elastic_agent.coordination.protocol import (
     decode_log_entries,
     encode_event,
 )
-from elastic_console.app import KEY_HELP, ConsoleApp
-from elastic_console.state import JobView
-from elastic_console.widgets import rank_table
-from elastic_console.widgets.dialogs import CommandDialog, DetailScreen
-from elastic_console.widgets.footer import KeyFooter
-from elastic_console.widgets.help import HelpScreen, help_text
-from elastic_console.widgets.log_panel import FilterBar
-from elastic_console.widgets.waiting import WaitingScreen
+from elastic_console.job.state import JobView
+from elastic_console.tui.app import KEY_HELP, ConsoleApp
+from elastic_console.tui.widgets import rank_table
+from elastic_console.tui.widgets.dialogs import CommandDialog, DetailScreen
+from elastic_console.tui.widgets.footer import KeyFooter
+from elastic_console.tui.widgets.help import HelpScreen, help_text
+from elastic_console.tui.widgets.log_panel import FilterBar
+from elastic_console.tui.widgets.waiting import WaitingScreen
 from tests.agents import SCRIPTS, Agent
 from tests.waiting import wait_until, wait_until_async
 

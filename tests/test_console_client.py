@@ -21,10 +21,10 @@ from elastic_agent.coordination.protocol import (
     encode_event,
     encode_log_batch,
 )
-from elastic_console import client as client_module
-from elastic_console import follow as follow_module
-from elastic_console.client import HISTORY_STREAMS_PER_READ, ConnectionChange, JobClient
-from elastic_console.state import Skipped
+from elastic_console.job import client as client_module
+from elastic_console.job import follow as follow_module
+from elastic_console.job.client import HISTORY_STREAMS_PER_READ, ConnectionChange, JobClient
+from elastic_console.job.state import Skipped
 from tests.agents import SCRIPTS, Agent, wait_until
 from tests.waiting import wait_until_async
 
@@ -399,7 +399,7 @@ def test_list_jobs_counts_nodes_from_the_round_when_the_events_folded_miss_it(
     """list_jobs folds only the newest LIST_EVENTS_PER_JOB events of a running job: when its
     last rendezvous_complete is older than those (a big job's workers_started, restarts), the
     node count comes from the round record, not from the few joins in the window."""
-    from elastic_console.client import LIST_EVENTS_PER_JOB
+    from elastic_console.job.client import LIST_EVENTS_PER_JOB
 
     keys = JobKeys(job_id)
     r.zadd(JOBS_INDEX, {job_id: 1_000})

@@ -1,4 +1,4 @@
-"""JobClient's follow half at scale (console/follow.py): reads sized and spaced by the number of
+"""JobClient's follow half at scale (console/job/follow.py): reads sized and spaced by the number of
 streams, lists that span streams, bursts of events read apart. Counts, not times; real Redis."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import asyncio
 from typing import Any
 
 from elastic_agent.coordination.protocol import Event, EventType, JobKeys, LogBatch
-from elastic_console import follow as follow_module
-from elastic_console.client import JobClient
-from elastic_console.follow import (
+from elastic_console.job import follow as follow_module
+from elastic_console.job.client import JobClient
+from elastic_console.job.follow import (
     READ_COUNT,
     READ_COUNT_MIN,
     READ_INTERVAL_MAX_S,

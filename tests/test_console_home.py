@@ -15,8 +15,8 @@ from textual.pilot import Pilot
 
 from elastic_agent.coordination.connection import make_client, parse_endpoint
 from elastic_agent.coordination.protocol import JOBS_INDEX, EventType, JobKeys, encode_event
-from elastic_console.home import JobsScreen
-from elastic_console.save import new_log_file
+from elastic_console.job.save import new_log_file
+from elastic_console.tui.home import JobsScreen
 from tests.agents import SCRIPTS
 from tests.test_console_app import (
     App,
@@ -254,7 +254,7 @@ def test_save_never_overwrites_and_refuses_symlinks(tmp_path):
 
 
 def test_save_in_an_unwritable_place_is_one_notification(jobs, redis_url, tmp_path):
-    from elastic_console.save import save_log_view
+    from elastic_console.job.save import save_log_view
 
     app = home_app(redis_url, jobs["hostile"])
 

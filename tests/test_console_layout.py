@@ -16,10 +16,10 @@ from textual.geometry import Region
 from textual.pilot import Pilot
 from textual.widgets import Static
 
-from elastic_console.state import JobView
-from elastic_console.widgets import rank_table
-from elastic_console.widgets.help import HelpScreen
-from elastic_console.widgets.rank_table import fit_columns
+from elastic_console.job.state import JobView
+from elastic_console.tui.widgets import rank_table
+from elastic_console.tui.widgets.help import HelpScreen
+from elastic_console.tui.widgets.rank_table import fit_columns
 from tests.agents import SCRIPTS, Agent, wait_until
 from tests.test_console_app import (
     T0,

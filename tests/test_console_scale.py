@@ -13,11 +13,11 @@ from textual.pilot import Pilot
 from textual.widgets import Input
 
 from elastic_agent.coordination.protocol import EventType
-from elastic_console import app as app_module
-from elastic_console.state import DEFAULT_SCROLLBACK, RESOURCE_HISTORY, JobView
-from elastic_console.widgets import rank_table
-from elastic_console.widgets.goto import GotoScreen
-from elastic_console.widgets.help import HelpScreen, help_text
+from elastic_console.job.state import DEFAULT_SCROLLBACK, RESOURCE_HISTORY, JobView
+from elastic_console.tui import app as app_module
+from elastic_console.tui.widgets import rank_table
+from elastic_console.tui.widgets.goto import GotoScreen
+from elastic_console.tui.widgets.help import HelpScreen, help_text
 from tests.test_console_app import (
     T0,
     App,

@@ -18,13 +18,8 @@ from elastic_agent.coordination.protocol import (
     encode_log_batch,
 )
 from elastic_agent.coordination.text import sanitize, strip_sgr
-from elastic_console.packed_buffer import PackedLogBuffer
-from elastic_console.state import (
-    RESOURCE_HISTORY,
-    ConnectionChange,
-    JobView,
-    LogLine,
-)
+from elastic_console.job.packed_buffer import PackedLogBuffer
+from elastic_console.job.state import RESOURCE_HISTORY, ConnectionChange, JobView, LogLine
 
 # -- text ----------------------------------------------------------------------------------
 

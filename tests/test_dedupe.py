@@ -1,4 +1,4 @@
-"""Identical output of many ranks shown once: the rule (console/dedupe.py), the console's ``u``
+"""Identical output of many ranks shown once: the rule (console/job/dedupe.py), the console's ``u``
 toggle (Pilot, no tmux) and ``elastic-console logs --dedupe`` against a real Redis."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from elastic_agent.coordination.protocol import (
     console_client_name,
     encode_log_batch,
 )
-from elastic_console.app import KEY_HELP, ConsoleApp
-from elastic_console.dedupe import Collapser, UniqueLogs, format_ranks
-from elastic_console.logbuffer import LogBuffer
-from elastic_console.state import JobView
+from elastic_console.job.dedupe import Collapser, UniqueLogs, format_ranks
+from elastic_console.job.logbuffer import LogBuffer
+from elastic_console.job.state import JobView
+from elastic_console.tui.app import KEY_HELP, ConsoleApp
 from tests.waiting import blocked_in, wait_until, wait_until_async
 
 T0 = 1_700_000_000_000

@@ -9,7 +9,7 @@ import os
 import subprocess
 
 from elastic_agent.coordination.connection import make_client
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.hosting.standalone import RedisServer
 from tests.agents import AGENT, EXAMPLES
 
 #: Imported by every interpreter on PYTHONPATH; notes only the agent's own ends: its atexit

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from elastic_console.gc_policy import YOUNG_THRESHOLDS, GcPolicy
+from elastic_console.tui.gc_policy import YOUNG_THRESHOLDS, GcPolicy
 
 
 class Clock:

@@ -30,7 +30,7 @@ from elastic_agent.coordination.protocol import (
     is_rank,
 )
 from elastic_agent.supervision import loops
-from elastic_agent.supervision.commands import STACKS_BURST, RateLimit
+from elastic_agent.supervision.records.commands import STACKS_BURST, RateLimit
 from tests.agents import Agent
 from tests.test_agent import of_type
 from tests.waiting import wait_until, wait_until_async
@@ -214,7 +214,7 @@ def test_an_agent_answers_a_burst_of_stacks_requests_then_refuses(live, r):
 
 
 def test_a_read_only_console_sends_no_stacks_request(live, redis_url, r):
-    from elastic_console.widgets.stacks import StacksScreen
+    from elastic_console.tui.widgets.stacks import StacksScreen
     from tests.test_console_app import commands_sent, console, loaded, run
     job_id, _ = live
     before = commands_sent(r, job_id)
@@ -233,8 +233,8 @@ def test_a_read_only_console_sends_no_stacks_request(live, redis_url, r):
 
 
 def test_a_console_asks_at_most_once_per_interval(live, redis_url, r, monkeypatch):
-    from elastic_console import stack_view
-    from elastic_console.widgets.stacks import StacksScreen
+    from elastic_console.job import stack_view
+    from elastic_console.tui.widgets.stacks import StacksScreen
     from tests.test_console_app import commands_sent, console, loaded, on_screen, run
     job_id, _ = live
     monkeypatch.setattr(stack_view, "ASK_INTERVAL_S", 600.0)  # the test's own pace cannot race it
@@ -320,7 +320,7 @@ def test_big_forged_events_leave_the_agents_memory_bounded_and_its_root_cause_ri
 
 
 def test_pages_read_every_entry_once_in_order(r, job_id):
-    from elastic_agent.supervision import pages
+    from elastic_agent.supervision.records import pages
     key = JobKeys(job_id).events
     ids = [r.xadd(key, {"i": str(i)}).decode() for i in range(100)]
 
@@ -391,8 +391,8 @@ def _run_measured(*args: str, redis_url: str) -> tuple[subprocess.CompletedProce
 @pytest.mark.parametrize("world", [4, None], ids=["world-known", "world-unknown"])
 def test_forged_rank_lists_leave_status_and_ls_bounded(redis_url, r, job_id, world):
     from elastic_agent.coordination.connection import parse_endpoint
-    from elastic_console.client import JobClient
-    from elastic_console.state import MAX_VIEW_RANKS
+    from elastic_console.job.client import JobClient
+    from elastic_console.job.state import MAX_VIEW_RANKS
     _forge_job(r, job_id, world=world)
     bound = world if world is not None else MAX_VIEW_RANKS
 
@@ -428,7 +428,7 @@ def test_every_list_and_text_of_an_event_is_bounded_in_the_fold():
     """The other records that could make the view grow: nodes, log rings, resource samples,
     acks, timeline text, and the fingerprints of events without a sequence number."""
     from elastic_agent.coordination.protocol import LogBatch
-    from elastic_console.state import (
+    from elastic_console.job.state import (
         MAX_DETAIL_CHARS,
         MAX_NOTE_CHARS,
         MAX_VIEW_NODES,
@@ -469,8 +469,8 @@ def test_a_console_reads_big_forged_events_a_page_at_a_time_within_a_budget(redi
     left out and counted, and the follow cursor is still the newest entry."""
     from elastic_agent.coordination.connection import parse_endpoint
     from elastic_agent.coordination.protocol import encode_event
-    from elastic_console import client as client_module
-    from elastic_console.client import JobClient
+    from elastic_console.job import client as client_module
+    from elastic_console.job.client import JobClient
     keys = JobKeys(job_id)
     r.hset(keys.meta, "created_ms", 1)
     big = "x" * (900 * 1024)

@@ -34,7 +34,7 @@ from elastic_agent.coordination.protocol import (
     encode_node_log_entry,
 )
 from elastic_agent.coordination.text import sanitize, terminal_line
-from elastic_console.state import JobView
+from elastic_console.job.state import JobView
 from tests.agents import SCRIPTS, Agent, wait_until
 from tests.reach import Reach
 from tests.test_agent import FAST, agent_args, of_type, worker_pids

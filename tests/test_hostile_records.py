@@ -238,7 +238,7 @@ def test_the_console_reader_survives_junk_and_shows_the_count(redis_url, r, job_
     import asyncio
 
     from elastic_agent.coordination.connection import parse_endpoint
-    from elastic_console.app import ConsoleApp
+    from elastic_console.tui.app import ConsoleApp
 
     _junk_job(r, job_id)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from elastic_console.input_gate import InputGate
+from elastic_console.tui.input_gate import InputGate
 from tests.waiting import wait_until_async
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from elastic_agent.supervision.standalone import RedisServer, free_port
+from elastic_agent.supervision.hosting.standalone import RedisServer, free_port
 from elastic_console.cli import build_parser as console_parser
 from tests import kube
 from tests.agents import Agent, wait_until

@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from elastic_agent.supervision.logs import LogPathError, NodeLogs, open_private_dir
-from elastic_agent.supervision.workers import (
+from elastic_agent.supervision.launch.workers import (
     RankAssignment,
     WorkerGroup,
     WorkerSpec,
     WorkerStartError,
     WorkerState,
 )
+from elastic_agent.supervision.records.logs import LogPathError, NodeLogs, open_private_dir
 from tests.agents import EXAMPLES, Agent
 
 VICTIM_TEXT = "the user's precious file\n"

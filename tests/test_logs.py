@@ -15,7 +15,8 @@ import redis
 
 from elastic_agent.coordination import protocol
 from elastic_agent.coordination.protocol import JobKeys, LogBatch
-from elastic_agent.supervision.logs import (
+from elastic_agent.supervision.launch.workers import RankAssignment, WorkerGroup, WorkerSpec, WorkerState
+from elastic_agent.supervision.records.logs import (
     LogConfig,
     NodeLogs,
     Std,
@@ -24,8 +25,7 @@ from elastic_agent.supervision.logs import (
     parse_local_ranks_filter,
     parse_std_spec,
 )
-from elastic_agent.supervision.publisher import StreamPublisher
-from elastic_agent.supervision.workers import RankAssignment, WorkerGroup, WorkerSpec, WorkerState
+from elastic_agent.supervision.records.publisher import StreamPublisher
 from tests.waiting import wait_until_async
 
 NODE = "node-a"

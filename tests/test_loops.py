@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from elastic_agent.supervision import loops
-from elastic_agent.supervision.events import ResourceSampler
 from elastic_agent.supervision.loops import Cadence, keep_running
+from elastic_agent.supervision.records.events import ResourceSampler
 
 pytestmark = pytest.mark.asyncio
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from elastic_agent.coordination.protocol import LogBatch
-from elastic_console import packed_buffer
-from elastic_console.logbuffer import LogBuffer
-from elastic_console.packed_buffer import (
+from elastic_console.job import packed_buffer
+from elastic_console.job.logbuffer import LogBuffer
+from elastic_console.job.packed_buffer import (
     BLOCK,
     KEEP,
     SMALL_BLOCK,
@@ -25,7 +25,7 @@ from elastic_console.packed_buffer import (
     SMALL_RING,
     PackedLogBuffer,
 )
-from elastic_console.state import JobView
+from elastic_console.job.state import JobView
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from log_view_bench import make_pool

@@ -33,7 +33,7 @@ import redis
 
 from elastic_agent.coordination.connection import make_client
 from elastic_agent.coordination.protocol import EventType, JobKeys
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.hosting.standalone import RedisServer
 from tests.agents import Agent, alive, wait_until
 from tests.netns import Hosts
 from tests.test_agent import agent_args, of_type

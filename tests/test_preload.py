@@ -23,10 +23,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from elastic_agent.supervision import zygote
 from elastic_agent.supervision.config import UsageError, parse_args
-from elastic_agent.supervision.logs import LogConfig, NodeLogs, Std
-from elastic_agent.supervision.workers import GroupResult, RankAssignment, WorkerGroup, WorkerSpec
+from elastic_agent.supervision.launch import zygote
+from elastic_agent.supervision.launch.workers import GroupResult, RankAssignment, WorkerGroup, WorkerSpec
+from elastic_agent.supervision.records.logs import LogConfig, NodeLogs, Std
 from tests.agents import SCRIPTS, Agent, wait_until
 from tests.test_process_tree import DEATH_BUDGET, describe, kill_all, start_tree, survivors
 from tests.waiting import wait_until_async
@@ -486,7 +486,7 @@ def test_a_restart_releases_the_workers_parked_ahead(tmp_path, monkeypatch, capf
     restart count) and its pipes: it is then the exec'ed worker's equal. A parked worker
     that died is replaced by a fresh fork; an environment that changed since the zygote
     started still falls back to exec."""
-    monkeypatch.setattr("elastic_agent.supervision.workers.SPARE_DELAY", 0.0)
+    monkeypatch.setattr("elastic_agent.supervision.launch.workers.SPARE_DELAY", 0.0)
     parked, pids = asyncio.run(_two_attempts(tmp_path / "fork", ("preload_marker",), case))
     asyncio.run(_two_attempts(tmp_path / "exec", (), case))
     assert len(parked) == NPROC
@@ -510,7 +510,7 @@ def test_a_restart_releases_the_workers_parked_ahead(tmp_path, monkeypatch, capf
 
 def test_on_default_flags_a_restart_releases_parked_workers(tmp_path, monkeypatch):
     """No flag (``--preload auto``): a Python worker's restart is the parked path too."""
-    monkeypatch.setattr("elastic_agent.supervision.workers.SPARE_DELAY", 0.0)
+    monkeypatch.setattr("elastic_agent.supervision.launch.workers.SPARE_DELAY", 0.0)
     parked, pids = asyncio.run(_two_attempts(tmp_path, (), "parked", auto=True))
     assert len(parked) == NPROC and sorted(pids) == parked
     for rank, (report, _, _, _) in enumerate(outputs(tmp_path, 1)):
@@ -548,7 +548,7 @@ def test_warm_rank_0_gets_a_lead_to_listen_before_the_others_start(tmp_path, mon
     0 listens on MASTER_PORT (or sleeps without, or after ``keeper.STORE_LEAD``): released
     or forked at once, they would connect before it listens, and torch's store client waits
     up to a second before it tries again. A stand-in torch.distributed is preloaded here."""
-    monkeypatch.setattr("elastic_agent.supervision.workers.SPARE_DELAY", 0.0)
+    monkeypatch.setattr("elastic_agent.supervision.launch.workers.SPARE_DELAY", 0.0)
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "__init__.py").write_text("")
     (tmp_path / "torch" / "distributed.py").write_text("")

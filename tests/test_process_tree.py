@@ -28,13 +28,8 @@ from elastic_agent.coordination.protocol import (
     decode_event,
     encode_command,
 )
-from elastic_agent.supervision.logs import NodeLogs
-from elastic_agent.supervision.workers import (
-    RankAssignment,
-    WorkerGroup,
-    WorkerSpec,
-    WorkerState,
-)
+from elastic_agent.supervision.launch.workers import RankAssignment, WorkerGroup, WorkerSpec, WorkerState
+from elastic_agent.supervision.records.logs import NodeLogs
 from tests.agents import SCRIPTS, Agent, wait_until
 
 NPROC = 2

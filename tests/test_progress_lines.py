@@ -37,11 +37,11 @@ from elastic_agent.coordination.protocol import (
     encode_event,
     encode_log_batch,
 )
-from elastic_agent.supervision.logs import LIVE_DELAY, LIVE_INTERVAL, LogConfig, NodeLogs, Std
-from elastic_agent.supervision.publisher import StreamPublisher
-from elastic_console.inplace import InPlaceRows
-from elastic_console.logbuffer import LogBuffer, LogLine
-from elastic_console.state import JobView
+from elastic_agent.supervision.records.logs import LIVE_DELAY, LIVE_INTERVAL, LogConfig, NodeLogs, Std
+from elastic_agent.supervision.records.publisher import StreamPublisher
+from elastic_console.job.inplace import InPlaceRows
+from elastic_console.job.logbuffer import LogBuffer, LogLine
+from elastic_console.job.state import JobView
 from tests.agents import SCRIPTS, Agent, wait_until
 from tests.test_agent import agent_args
 from tests.test_console_app import App, loaded, screen_text

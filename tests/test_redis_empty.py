@@ -19,7 +19,7 @@ from elastic_agent.coordination.protocol import (
     JobKeys,
     encode_command,
 )
-from elastic_agent.supervision.job_records import ReseedSchedule
+from elastic_agent.supervision.records.job_records import ReseedSchedule
 from tests.agents import SCRIPTS, Agent, alive, wait_until
 from tests.test_agent import FAST, agent_args, log_lines, of_type
 from tests.test_console_cli import console as _console
@@ -98,7 +98,7 @@ def test_redis_back_empty_restores_the_job_without_touching_the_workers(
 
 def test_an_attached_console_does_not_count_the_announcement_again_as_a_restart():
     from elastic_agent.coordination.protocol import Event
-    from elastic_console.state import JobView
+    from elastic_console.job.state import JobView
 
     view = JobView("j", scrollback=10)
     started = {"round": 1, "attempt": 1, "restart_count": 1, "ranks": [0, 1],
@@ -137,7 +137,7 @@ def test_the_console_shows_a_job_whose_agents_died_as_lost(redis_url, r, job_id,
     import asyncio
 
     from elastic_agent.coordination.connection import parse_endpoint
-    from elastic_console.app import ConsoleApp
+    from elastic_console.tui.app import ConsoleApp
 
     agent = Agent(agent_args(redis_url, job_id, "--nproc-per-node", "1", FAST,
                              str(SCRIPTS / "sleeper.py")), tmp_path, "a")

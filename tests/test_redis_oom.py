@@ -15,7 +15,7 @@ import redis
 from elastic_agent.coordination import pressure
 from elastic_agent.coordination.connection import make_client
 from elastic_agent.coordination.protocol import EventType, JobKeys
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.hosting.standalone import RedisServer
 from tests.agents import SCRIPTS, Agent, wait_until
 
 FAST = "--rdzv-conf=last_call_timeout=1,heartbeat_timeout=4,keep_alive_interval=0.5,join_timeout=60"

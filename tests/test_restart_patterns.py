@@ -10,7 +10,7 @@ import json
 import pytest
 
 from elastic_agent.coordination.protocol import EventType, JobKeys, decode_round_end
-from elastic_agent.supervision.restart_patterns import (
+from elastic_agent.supervision.diagnosis.restart_patterns import (
     DO_NOT_REQUEUE,
     HISTORY_CAP,
     PatternSettings,
@@ -21,7 +21,7 @@ from elastic_agent.supervision.restart_patterns import (
     progressed,
     settings_from,
 )
-from elastic_console.state import JobView
+from elastic_console.job.state import JobView
 from tests.agents import SCRIPTS, Agent
 from tests.test_agent import FAST, agent_args, of_type
 from tests.test_console_cli import console as cli

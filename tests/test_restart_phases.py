@@ -23,13 +23,14 @@ from elastic_agent.coordination.protocol import (
     decode_event,
     encode_event,
 )
-from elastic_agent.supervision import stacks
-from elastic_agent.supervision.events import RestartClock
-from elastic_console.state import JobView, restart_took
+from elastic_agent.supervision.diagnosis import stacks
+from elastic_agent.supervision.launch import probes
+from elastic_agent.supervision.records.events import RestartClock
+from elastic_console.job.state import JobView, restart_took
 from tests.agents import EXAMPLES, Agent
 from tests.test_agent import FAST, of_type
 
-SIG = int(stacks.DEFAULT_SIGNAL)
+SIG = int(probes.DEFAULT_SIGNAL)
 
 
 # -- the agent's record ----------------------------------------------------------------------
@@ -143,18 +144,18 @@ def test_handler_done_follows_the_signal_from_pending_to_handled(tmp_path):
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "blocked\n"
-        before = stacks.blocking_threads(proc.pid, SIG)
+        before = probes.blocking_threads(proc.pid, SIG)
         assert before is not None and proc.pid in before  # its main thread blocks it
         os.kill(proc.pid, SIG)
         # Pending (blocked everywhere): the handler has not run, whatever ``before`` says.
-        assert not stacks.handler_done(proc.pid, SIG, frozenset())
-        assert not stacks.handler_done(proc.pid, SIG, before)
+        assert not probes.handler_done(proc.pid, SIG, frozenset())
+        assert not probes.handler_done(proc.pid, SIG, before)
         assert out.read_text() == ""
         proc.stdin.write("\n")
         proc.stdin.flush()
         assert proc.stdout.readline() == "unblocked\n"
         assert "Current thread" in out.read_text()  # the dump, written by the handler
-        assert stacks.handler_done(proc.pid, SIG, frozenset())
+        assert probes.handler_done(proc.pid, SIG, frozenset())
     finally:
         proc.kill()
         proc.wait()
@@ -175,17 +176,17 @@ def test_a_dump_ends_when_the_handler_returns_not_after_a_silence(tmp_path, monk
         time.sleep(3600)
     """))
 
-    async def capture() -> stacks.LocalDump:
+    async def capture() -> probes.LocalDump:
         fifo = tmp_path / "run" / "s.fifo"
         fifo.parent.mkdir(mode=0o700)
-        pipe = await stacks.StackPipe.connect(stacks.open_fifo(fifo, tmp_path))
-        env = {**os.environ, **stacks.worker_vars(SIG, fifo)}
+        pipe = await probes.StackPipe.connect(probes.open_fifo(fifo, tmp_path))
+        env = {**os.environ, **probes.worker_vars(SIG, fifo)}
         proc = await asyncio.create_subprocess_exec(
-            *stacks.boot_argv([sys.executable, "-u", str(script)]), env=env,
+            *probes.boot_argv([sys.executable, "-u", str(script)]), env=env,
             stdout=asyncio.subprocess.PIPE)
         try:
             assert await asyncio.wait_for(proc.stdout.readline(), 60) == b"ready\n"
-            (dump,) = await asyncio.wait_for(stacks.dump_workers(
+            (dump,) = await asyncio.wait_for(probes.dump_workers(
                 [(0, 0, proc.pid, True, pipe)], SIG, timeout=3600), 60)
             return dump
         finally:
@@ -201,5 +202,5 @@ def test_a_dump_ends_when_the_handler_returns_not_after_a_silence(tmp_path, monk
 
 
 def test_a_process_whose_proc_cannot_be_read_is_never_called_done():
-    assert stacks.blocking_threads(2**22 + 12345, SIG) is None  # no such process
-    assert not stacks.handler_done(2**22 + 12345, SIG, frozenset())
+    assert probes.blocking_threads(2**22 + 12345, SIG) is None  # no such process
+    assert not probes.handler_done(2**22 + 12345, SIG, frozenset())

@@ -15,10 +15,10 @@ from elastic_agent.coordination.protocol import JOBS_INDEX, JobKeys
 from elastic_agent.coordination.rendezvous import RedisRendezvous, RendezvousSettings
 from elastic_agent.coordination.store import RedisStore
 from elastic_agent.supervision.config import parse_args
-from elastic_agent.supervision.retention import JobRetention, parse_duration, running_ttl
+from elastic_agent.supervision.records.retention import JobRetention, parse_duration, running_ttl
 from elastic_console.cli import main as console
-from elastic_console.client import JobClient
-from elastic_console.state import JobView
+from elastic_console.job.client import JobClient
+from elastic_console.job.state import JobView
 from tests.agents import SCRIPTS, Agent, wait_until
 
 FAST = "--rdzv-conf=last_call_timeout=1,heartbeat_timeout=2,keep_alive_interval=0.3,join_timeout=60"

@@ -22,8 +22,8 @@ import redis
 
 from elastic_agent.coordination.connection import make_async_client, make_client, parse_endpoint
 from elastic_agent.coordination.rendezvous import RedisRendezvous, RendezvousSettings
-from elastic_agent.supervision.stall import StallWatch
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.diagnosis.stall import StallWatch
+from elastic_agent.supervision.hosting.standalone import RedisServer
 
 SIZES = (64, 256)
 #: Per-node figures at 256 nodes may exceed those at 64 by this much (hash and sorted-set

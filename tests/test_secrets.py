@@ -38,8 +38,8 @@ from elastic_agent.coordination.connection import (
 from elastic_agent.coordination.ports import free_port
 from elastic_agent.coordination.protocol import EventType, JobKeys, decode_event
 from elastic_agent.supervision.config import UsageError, parse_args
-from elastic_agent.supervision.standalone import RedisServer
-from elastic_console.app import ConsoleApp
+from elastic_agent.supervision.hosting.standalone import RedisServer
+from elastic_console.tui.app import ConsoleApp
 from tests.agents import SCRIPTS, Agent, wait_until
 from tests.waiting import wait_until_async
 

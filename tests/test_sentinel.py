@@ -43,8 +43,8 @@ from elastic_agent.coordination.protocol import (
     stream_id_ms,
 )
 from elastic_agent.coordination.store import RedisStore
-from elastic_agent.supervision.standalone import RedisServer, find_redis_server
-from elastic_console.client import JobClient
+from elastic_agent.supervision.hosting.standalone import RedisServer, find_redis_server
+from elastic_console.job.client import JobClient
 from tests.agents import SCRIPTS, Agent, alive, wait_until
 from tests.test_agent import FAST, agent_args, events, of_type, worker_pids
 from tests.test_tls_acl import make_ca_and_server_cert

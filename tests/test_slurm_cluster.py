@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from elastic_agent.coordination.protocol import Event, EventType, JobKeys, decode_event
-from elastic_console.state import JobView
+from elastic_console.job.state import JobView
 from tests.agents import EXAMPLES, ROOT, SCRIPTS, Agent
 from tests.slurm import SlurmCluster
 from tests.waiting import wait_until

@@ -1,4 +1,4 @@
-"""SLURM's variables as an agent under srun sees them (agent/supervision/slurm.py), and what
+"""SLURM's variables as an agent under srun sees them (agent/supervision/hosting/slurm.py), and what
 the command line makes of them: defaults only, explicit flags win, bad values one line + 2."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 from elastic_agent.coordination.connection import make_client
 from elastic_agent.coordination.ports import free_port
 from elastic_agent.coordination.protocol import console_client_name
-from elastic_agent.supervision import slurm_redis
 from elastic_agent.supervision.config import UsageError, parse_args
-from elastic_agent.supervision.slurm import (
+from elastic_agent.supervision.hosting import slurm_redis
+from elastic_agent.supervision.hosting.slurm import (
     SlurmEnvError,
     expand_hostlist,
     gpus_per_node,

@@ -31,7 +31,7 @@ from elastic_agent.coordination.stack_dumps import (
     summarize,
 )
 from elastic_agent.coordination.stack_replies import rank_stack
-from elastic_agent.supervision.stacks import parse_stack_signal
+from elastic_agent.supervision.diagnosis.stacks import parse_stack_signal
 from tests.reach import Reach
 
 
@@ -322,5 +322,6 @@ def test_stack_signal_is_a_free_real_time_signal() -> None:
 
 
 def test_reserved_signals_are_never_the_default() -> None:
-    from elastic_agent.supervision.stacks import DEFAULT_SIGNAL, RESERVED
+    from elastic_agent.supervision.diagnosis.stacks import RESERVED
+    from elastic_agent.supervision.launch.probes import DEFAULT_SIGNAL
     assert DEFAULT_SIGNAL not in RESERVED and sys.platform.startswith("linux")

@@ -29,10 +29,11 @@ import redis
 from elastic_agent.coordination.connection import make_async_client, parse_endpoint
 from elastic_agent.coordination.protocol import Command, EventType, JobKeys, encode_command
 from elastic_agent.coordination.stack_replies import read_stack_replies
-from elastic_agent.supervision import stacks
 from elastic_agent.supervision.config import RUN_PATH_BOOTSTRAP
-from elastic_agent.supervision.logs import LogConfig, NodeLogs, Std
-from elastic_agent.supervision.workers import RankAssignment, WorkerGroup, WorkerSpec
+from elastic_agent.supervision.diagnosis import stacks
+from elastic_agent.supervision.launch import probes
+from elastic_agent.supervision.launch.workers import RankAssignment, WorkerGroup, WorkerSpec
+from elastic_agent.supervision.records.logs import LogConfig, NodeLogs, Std
 from tests.agents import EXAMPLES, SCRIPTS, Agent, wait_until
 from tests.test_agent import of_type
 from tests.test_console_cli import console
@@ -104,7 +105,7 @@ def test_every_launch_path_answers_even_holding_the_gil(tmp_path, monkeypatch, h
 def test_no_python_and_exec_are_not_signalled(tmp_path):
     async def scenario() -> None:
         (dump,), _ = await dump_group(tmp_path / "a", ["/bin/sh", "-c", "echo stuck; sleep 30"])
-        assert dump.error == stacks.NOT_PYTHON and not dump.text
+        assert dump.error == probes.NOT_PYTHON and not dump.text
         # a Python worker that became another program: its handler is gone with the exec
         code = "import os; print('stuck', flush=True); os.execv('/bin/sleep', ['sleep', '30'])"
         spec = WorkerSpec(nproc=1, entrypoint=[sys.executable, "-u", "-c", code], run_id="r",
@@ -117,7 +118,7 @@ def test_no_python_and_exec_are_not_signalled(tmp_path):
             await wait_until_async(lambda: psutil.Process(w.pid).name() == "sleep", 30,
                                    "the worker to exec sleep")
             (dump,) = await group.dump_stacks()
-            assert dump.error == stacks.NO_HANDLER
+            assert dump.error == probes.NO_HANDLER
             await asyncio.sleep(0.3)  # not a wait: a stretch in which a kill would show
             assert psutil.Process(w.pid).status() != psutil.STATUS_ZOMBIE  # not killed
         finally:
@@ -174,7 +175,7 @@ def test_stacks_cli_names_the_odd_rank(hung_job, redis_url):
 
 
 def test_console_d_shows_the_odd_group_first(hung_job, redis_url):
-    from elastic_console.widgets.stacks import StacksScreen
+    from elastic_console.tui.widgets.stacks import StacksScreen
     from tests.test_console_app import console as app_for
     from tests.test_console_app import loaded, on_screen, run, screen_text
     from tests.waiting import wait_until_async
@@ -225,20 +226,20 @@ def test_a_restart_captures_the_stacks_before_the_kill(hung_job, redis_url):
 
 def test_stack_signal_flag_and_off(tmp_path):
     from elastic_agent.supervision.config import UsageError, parse_args
-    from elastic_agent.supervision.workers import worker_argv, worker_env
+    from elastic_agent.supervision.launch.workers import worker_argv, worker_env
 
     base = ["--standalone", "--log-dir", str(tmp_path), str(STUCK)]
-    assert parse_args(base).stack_signal == stacks.DEFAULT_SIGNAL
+    assert parse_args(base).stack_signal == probes.DEFAULT_SIGNAL
     with pytest.raises(UsageError, match="--stack-signal"):
         parse_args(["--stack-signal", "SIGUSR1", *base])
     cfg = parse_args(["--stack-signal", "off", *base])
     a = RankAssignment(group_rank=0, group_world_size=1, world_size=1, base_rank=0,
                        master_addr="127.0.0.1", master_port=1)
-    for signum, wrapped in ((None, False), (stacks.DEFAULT_SIGNAL, True)):
+    for signum, wrapped in ((None, False), (probes.DEFAULT_SIGNAL, True)):
         spec = WorkerSpec(nproc=1, entrypoint=cfg.entrypoint, run_id="r", job_id="j",
                           log_dir=tmp_path / "j", stack_signal=signum)
         assert ("--worker" in worker_argv(spec, 0)) is wrapped
-        assert (stacks.STACKS_ENV in worker_env(spec, a, 0, {})) is wrapped
+        assert (probes.STACKS_ENV in worker_env(spec, a, 0, {})) is wrapped
 
 
 def test_replies_behind_every_nodes_ack_are_all_read(redis_url, r, job_id):

@@ -20,9 +20,9 @@ import redis
 from elastic_agent.coordination.connection import make_async_client, parse_endpoint
 from elastic_agent.coordination.protocol import EventType, JobKeys, decode_event
 from elastic_agent.supervision.config import UsageError, parse_args
-from elastic_agent.supervision.stall import ProgressMeter, StallWatch
-from elastic_console.app import ConsoleApp
-from elastic_console.widgets.stacks import StacksScreen
+from elastic_agent.supervision.diagnosis.stall import ProgressMeter, StallWatch
+from elastic_console.tui.app import ConsoleApp
+from elastic_console.tui.widgets.stacks import StacksScreen
 from tests.agents import EXAMPLES, SCRIPTS, Agent, wait_until
 from tests.waiting import wait_until_async
 
@@ -245,7 +245,7 @@ def test_progress_meter_counts_output_and_cpu_over_the_threshold():
 
 def test_the_console_state_marks_stalled_ranks_until_they_print_again():
     from elastic_agent.coordination.protocol import LogBatch, encode_event
-    from elastic_console.state import JobView
+    from elastic_console.job.state import JobView
 
     v = JobView("job-s")
     seq = iter(range(1, 100))

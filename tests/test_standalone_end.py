@@ -31,7 +31,7 @@ from elastic_agent.coordination.protocol import (
     decode_event,
     encode_event,
 )
-from elastic_console.state import JobView
+from elastic_console.job.state import JobView
 from tests.agents import Agent, wait_until
 from tests.test_console_app import App, run, screen_text
 from tests.test_console_tmux import CONSOLE, Tmux, require_tmux
@@ -246,7 +246,7 @@ def test_a_sigkilled_standalone_agent_takes_its_redis_with_it(job_id, tmp_path):
 # the server must live on, and die with the process.
 OWNER = """\
 import sys, threading
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.hosting.standalone import RedisServer
 
 servers = []
 t = threading.Thread(target=lambda: servers.append(RedisServer().start()))

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from elastic_agent.supervision import standalone
+from elastic_agent.supervision.hosting import standalone
 
 
 def test_a_port_taken_after_the_check_moves_the_server_to_another(

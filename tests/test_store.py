@@ -20,7 +20,7 @@ from elastic_agent.coordination.store import (
     barrier,
     synchronize,
 )
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.hosting.standalone import RedisServer
 from tests.waiting import wait_until
 
 

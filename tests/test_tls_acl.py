@@ -19,7 +19,7 @@ import redis
 from elastic_agent.coordination.connection import make_client
 from elastic_agent.coordination.ports import free_port
 from elastic_agent.coordination.protocol import EventType
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.hosting.standalone import RedisServer
 from tests.agents import ROOT, SCRIPTS, Agent, wait_until
 from tests.test_agent import FAST, of_type, worker_pids
 
@@ -160,7 +160,7 @@ def test_a_jobs_agent_user_can_list_its_job_but_never_hide_another(tls_redis: Tl
     add to it (ZADD) and nothing else: it cannot remove another job's entry. What ZADD still
     allows (fake entries, another entry's date) the readers answer: only jobs with records
     are listed, the read is bounded, and `ls` says in one line when entries were not read."""
-    from elastic_console.client import INDEX_READ_MAX
+    from elastic_console.job.client import INDEX_READ_MAX
 
     admin = make_client(tls_redis.server.url)
     job, other = "idx-a", "idx-b"

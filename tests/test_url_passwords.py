@@ -30,7 +30,7 @@ from elastic_agent.coordination.connection import (
     redact,
     redact_endpoint,
 )
-from elastic_agent.supervision.standalone import RedisServer
+from elastic_agent.supervision.hosting.standalone import RedisServer
 from tests.agents import Agent
 
 CONSOLE = [sys.executable, "-m", "elastic_console.cli"]

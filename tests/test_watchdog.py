@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from elastic_agent.coordination.protocol import EventType
-from elastic_agent.supervision.watchdog import (
+from elastic_agent.supervision.diagnosis.watchdog import (
     MAX_REQUEST_BYTES,
     TimerRequest,
     Watchdog,
@@ -28,8 +28,8 @@ from elastic_agent.supervision.watchdog import (
     _FifoProtocol,
     decode_request,
 )
-from elastic_agent.supervision.workers import WorkerInfo
-from elastic_console.state import JobView
+from elastic_agent.supervision.launch.workers import WorkerInfo
+from elastic_console.job.state import JobView
 from tests.agents import Agent, wait_until
 from tests.test_agent import agent_args, events, of_type
 from tests.waiting import wait_until_async

@@ -18,8 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from elastic_agent.supervision.logs import NodeLogs
-from elastic_agent.supervision.workers import (
+from elastic_agent.supervision.launch.workers import (
     GroupResult,
     RankAssignment,
     WorkerExit,
@@ -30,6 +29,7 @@ from elastic_agent.supervision.workers import (
     error_file_path,
     worker_env,
 )
+from elastic_agent.supervision.records.logs import NodeLogs
 from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.asyncio
@@ -492,7 +492,7 @@ async def _spare_pid(group: WorkerGroup) -> int:
 
 async def test_the_next_attempt_runs_on_the_keeper_started_ahead(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("elastic_agent.supervision.workers.SPARE_DELAY", 0.0)
+    monkeypatch.setattr("elastic_agent.supervision.launch.workers.SPARE_DELAY", 0.0)
     spec = make_spec(tmp_path, """
         import os, time
         print(os.getppid(), flush=True)
@@ -525,7 +525,7 @@ async def test_the_next_attempt_runs_on_the_keeper_started_ahead(tmp_path: Path,
 
 async def test_a_dead_spare_keeper_is_replaced_at_start(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("elastic_agent.supervision.workers.SPARE_DELAY", 0.0)
+    monkeypatch.setattr("elastic_agent.supervision.launch.workers.SPARE_DELAY", 0.0)
     spec = make_spec(tmp_path, """
         import os
         print(os.getppid(), flush=True)
@@ -601,7 +601,7 @@ async def test_a_stop_walks_every_process_once(tmp_path: Path,
     """The stop's search of /proc for the workers' tree runs once, while they shut down;
     after they are gone the keeper ends what is left of the tree and the search looks only
     for the workers' markers outside it."""
-    from elastic_agent.supervision import keeper
+    from elastic_agent.supervision.launch import keeper
 
     walks = []
     walk = keeper.parents

@@ -368,7 +368,7 @@ class JobKeys:
     @property
     def progress(self) -> str:
         """Hash: node -> Redis server time (ms, integer) of the newest progress of any of its
-        workers (an output line, or CPU time advancing; see supervision/stall.py). Written by
+        workers (an output line, or CPU time advancing; see supervision/diagnosis/stall.py). Written by
         each agent every few seconds while its workers run; readers ignore a field that is not
         an integer, or is more than a minute ahead of the server's clock."""
         return self._k("progress")
@@ -392,7 +392,7 @@ class JobKeys:
     @property
     def lease(self) -> str:
         """String with a TTL: which agent renews the TTL of the job's keys this interval
-        (see supervision/retention.py)."""
+        (see supervision/records/retention.py)."""
         return self._k("lease")
 
     # -- rendezvous --------------------------------------------------------------------
@@ -517,7 +517,7 @@ class EventType:
     # collectives{request, suspects[], groups[], mismatches[]} when flight recorder traces
     # were captured (coordination/collectives.py, issue 22)
     STALLED = "stalled"
-    # Restart patterns (supervision/restart_patterns.py), each written once per restart by
+    # Restart patterns (supervision/diagnosis/restart_patterns.py), each written once per restart by
     # the agent that claimed it. restarts, minutes, limit, rounds[]: >= limit restarts within
     # minutes (--restart-storm)
     RESTART_STORM = "restart_storm"
@@ -533,7 +533,7 @@ class EventType:
     JOB_REQUEUED = "job_requeued"
     # ranks[{rank, host, node, ratio}] ascending by rank, window_s, threshold, round: ranks
     # that spent at least `threshold` times the job's median share of their time outside
-    # collectives (computing) for two windows in a row (supervision/stragglers.py, issue 22)
+    # collectives (computing) for two windows in a row (supervision/diagnosis/stragglers.py, issue 22)
     STRAGGLER = "straggler"
 
     ALL = frozenset(
@@ -1210,7 +1210,7 @@ def _strs(fields: Mapping[Any, Any]) -> dict[str, str]:
 # -- collective traces (issue 22) ---------------------------------------------------------
 
 #: One rank's reduced flight recorder, as a worker sends it and an agent publishes it (the
-#: worker cuts its oldest entries to fit: supervision/recorder_probe.py).
+#: worker cuts its oldest entries to fit: supervision/launch/recorder_probe.py).
 MAX_TRACE_BYTES = 64 * 1024
 #: Entries and process groups a reader takes from one trace; members listed per group.
 MAX_TRACE_ENTRIES = 1024

@@ -1,7 +1,7 @@
 """Ask a job for its ranks' Python stacks and collect the agents' replies (issue 13).
 
 :func:`request_stacks` appends a ``stacks`` command; every agent captures its live workers
-(faulthandler, see supervision/stacks.py) and publishes one entry per rank on
+(faulthandler, see supervision/diagnosis/stacks.py) and publishes one entry per rank on
 ``JobKeys.stacks`` with the command's id as ``request``, then acks the command ``done``.
 :func:`read_stack_replies` reads them back (also for captures an agent made on its own, such
 as the evidence taken before a stop, by their capture id). Both the console and the agents use

@@ -31,14 +31,9 @@ from ..coordination.connection import (
 from ..coordination.protocol import EVENTS_MAXLEN, EventType, JobKeys, ProtocolError, encode_event
 from ..coordination.rendezvous import RendezvousConnectionError, RendezvousError
 from ..coordination.text import terminal_line, terminal_lines
-from . import slurm_redis
 from .config import AgentConfig, UsageError, parse_args
-from .standalone import (
-    RedisServer,
-    RedisServerNotFoundError,
-    attached_consoles,
-    start_standalone,
-)
+from .hosting import slurm_redis
+from .hosting.standalone import RedisServer, RedisServerNotFoundError, attached_consoles, start_standalone
 
 #: Seconds a --standalone agent keeps its embedded Redis up after the job ended while a console
 #: is attached, so the console can show how the job ended rather than a lost connection.
@@ -211,7 +206,7 @@ def _still_watched(client: redis.Redis, job_id: str, checks: int = 3,
 def _run(cfg: AgentConfig, on_agent: Callable[[str], None] | None = None) -> int:
     """Run the agent; ``on_agent`` learns its node id once it exists."""
     from .elastic_agent import ElasticAgent  # after argument checks: keep --help fast
-    from .workers import WorkerStartError
+    from .launch.workers import WorkerStartError
 
     try:
         connect(cfg.endpoint).close()

@@ -27,15 +27,15 @@ from ..coordination.connection import (
 )
 from ..coordination.protocol import InvalidJobIdError, validate_job_id
 from ..coordination.rendezvous import RendezvousSettings
-from . import restart_patterns
-from .logs import parse_local_ranks_filter, parse_std_spec
-from .recorder import DEFAULT_ENTRIES as DEFAULT_FLIGHT_RECORDER
-from .recorder import DEFAULT_STRAGGLER_INTERVAL
-from .restart_patterns import PatternSettings
-from .retention import DEFAULT_RETENTION_S, parse_duration
-from .slurm import SlurmEnvError, SlurmStep, check_one_task_per_node, gpus_per_node, read_step
-from .stacks import DEFAULT_SIGNAL as DEFAULT_STACK_SIGNAL
-from .stacks import parse_stack_signal
+from .diagnosis import restart_patterns
+from .diagnosis.recorder import DEFAULT_ENTRIES as DEFAULT_FLIGHT_RECORDER
+from .diagnosis.recorder import DEFAULT_STRAGGLER_INTERVAL
+from .diagnosis.restart_patterns import PatternSettings
+from .diagnosis.stacks import parse_stack_signal
+from .hosting.slurm import SlurmEnvError, SlurmStep, check_one_task_per_node, gpus_per_node, read_step
+from .launch.probes import DEFAULT_SIGNAL as DEFAULT_STACK_SIGNAL
+from .records.logs import parse_local_ranks_filter, parse_std_spec
+from .records.retention import DEFAULT_RETENTION_S, parse_duration
 
 
 class UsageError(ValueError):

@@ -64,27 +64,21 @@ from ..coordination.rendezvous import (
 from ..coordination.store import StoreTimeoutError, barrier
 from ..coordination.stream_mux import StreamMux
 from ..coordination.text import terminal_line
-from . import pages, recorder, run_summary, scheduler
-from .commands import CommandReader, Rejected, stacks_limit, stacks_refused
+from . import run_summary
 from .config import AgentConfig
-from .events import EventSink, ResourceSampler, RestartClock
+from .diagnosis import recorder
+from .diagnosis.pattern_watch import PatternWatch
+from .diagnosis.restart_patterns import DO_NOT_REQUEUE, Patterns
+from .diagnosis.stacks import StackCollector
+from .diagnosis.stall import Stall, StallWatch
+from .diagnosis.stragglers import StragglerWatch
+from .diagnosis.watchdog import Watchdog
 from .exit_barrier import BarrierLeft, LeavableStore
 from .failures import FailedElsewhere, failure_dict, traceback_of, truncate_json
 from .fence import Fence
 from .health import HealthCheck
-from .job_records import JobRecords, ReseedSchedule
-from .logs import LogConfig, NodeLogs, make_logs_drop_marker, parse_std_spec
-from .loops import Cadence, keep_running
-from .pattern_watch import PatternWatch
-from .publisher import StreamPublisher
-from .redis_bridge import SyncBridge
-from .restart_patterns import DO_NOT_REQUEUE, Patterns
-from .retention import JobRetention
-from .stacks import StackCollector
-from .stall import Stall, StallWatch
-from .stragglers import StragglerWatch
-from .watchdog import Watchdog
-from .workers import (
+from .hosting import scheduler
+from .launch.workers import (
     GroupResult,
     RankAssignment,
     WorkerExit,
@@ -93,6 +87,15 @@ from .workers import (
     WorkerStartError,
     WorkerState,
 )
+from .loops import Cadence, keep_running
+from .records import pages
+from .records.commands import CommandReader, Rejected, stacks_limit, stacks_refused
+from .records.events import EventSink, ResourceSampler, RestartClock
+from .records.job_records import JobRecords, ReseedSchedule
+from .records.logs import LogConfig, NodeLogs, make_logs_drop_marker, parse_std_spec
+from .records.publisher import StreamPublisher
+from .records.retention import JobRetention
+from .redis_bridge import SyncBridge
 
 log = logging.getLogger(__name__)
 

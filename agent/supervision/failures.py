@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .workers import WorkerExit
+from .launch.workers import WorkerExit
 
 
 def failure_dict(e: WorkerExit, node: str, host: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 
 from ..coordination.rendezvous import RedisRendezvous
-from .workers import WorkerGroup
+from .launch.workers import WorkerGroup
 
 
 class Fence:
