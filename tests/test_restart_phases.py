@@ -23,7 +23,6 @@ from elastic_agent.coordination.protocol import (
     decode_event,
     encode_event,
 )
-from elastic_agent.supervision.diagnosis import stacks
 from elastic_agent.supervision.launch import probes
 from elastic_agent.supervision.records.events import RestartClock
 from elastic_console.job.state import JobView, restart_took
@@ -164,7 +163,7 @@ def test_handler_done_follows_the_signal_from_pending_to_handled(tmp_path):
 def test_a_dump_ends_when_the_handler_returns_not_after_a_silence(tmp_path, monkeypatch):
     """With the silence made endless, only the handler's end can complete the capture: a
     capture that waited for silence would hang here (the deadline catches the hang)."""
-    monkeypatch.setattr(stacks, "QUIET_S", 3600.0)
+    monkeypatch.setattr(probes, "QUIET_S", 3600.0)
     script = tmp_path / "threads.py"
     script.write_text(textwrap.dedent("""
         import threading, time
