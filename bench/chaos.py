@@ -81,19 +81,16 @@ from typing import Any
 
 import psutil
 
-from elastic_agent.coordination.connection import make_client, parse_endpoint
-from elastic_agent.coordination.protocol import (
-    JOBS_INDEX,
-    STDOUT,
-    Event,
-    EventType,
-    JobKeys,
-    decode_log_entries,
-)
+from elastic_agent.coordination.connection import make_client
+from elastic_agent.coordination.endpoints import parse_endpoint
+from elastic_agent.coordination.event_records import Event, EventType
+from elastic_agent.coordination.keyspace import JOBS_INDEX, JobKeys
+from elastic_agent.coordination.log_records import STDOUT, decode_log_entries
 from elastic_agent.supervision.hosting.standalone import RedisServer
-from elastic_console.cli import status_object
+from elastic_console.commands.read import status_object
 from elastic_console.job.client import JobClient
-from elastic_console.job.state import BatchDeduper, ConnectionChange, JobView
+from elastic_console.job.log_fold import BatchDeduper
+from elastic_console.job.state import ConnectionChange, JobView
 from elastic_console.tui.app import ConsoleApp
 
 AGENT = [sys.executable, "-m", "elastic_agent.supervision.cli"]

@@ -16,7 +16,7 @@ Setup, for each configuration (``--configs``, default ``single,1,3``):
   output discarded). Only the workers are fake: each feeds chunks of ``--chunk`` lines of
   training-like output (~80 bytes) as fast as its node's publisher takes them (a node whose
   publisher holds more than 1 MiB unsent is skipped that turn), so the lines go through the
-  same ``_Shipper``/``NodeBatcher`` encoding, 50 ms linger and pipelined ``XADD MAXLEN ~`` as
+  same ``log_shipping.Shipper``/``NodeBatcher`` encoding, 50 ms linger and pipelined ``XADD MAXLEN ~`` as
   an agent's. ``--rate`` paces each worker instead (small entries: Redis's cost per line is
   higher, the producers' too). Streams keep ``--maxlen`` entries (memory stays bounded).
   Every node is connected (its stream's first entry sent) before a common start. Hundreds
@@ -58,10 +58,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/cluster
 
 from tests.cluster import Cluster
 
-from elastic_agent.coordination import protocol
-from elastic_agent.coordination.protocol import JobKeys
+from elastic_agent.coordination import log_records
+from elastic_agent.coordination.keyspace import JobKeys
 from elastic_agent.supervision.hosting.standalone import RedisServer
-from elastic_agent.supervision.records.logs import LogConfig, NodeLogs
+from elastic_agent.supervision.records.log_config import LogConfig
+from elastic_agent.supervision.records.logs import NodeLogs
 from elastic_agent.supervision.records.publisher import StreamPublisher
 
 BACKLOG_BYTES = 1 << 20  # a node's publisher holding more unsent than this is not fed
@@ -107,7 +108,7 @@ async def _produce(url: str, job: str, nodes: list[str], args: argparse.Namespac
     # Each stream's first entry too, so the window does not open on a connection storm.
     for _, workers in fleet:
         for worker, chunk in workers:
-            worker.feed(protocol.STDOUT, chunk)
+            worker.feed(log_records.STDOUT, chunk)
     await asyncio.gather(*(pub.flush() for pub, _ in fleet))
     # Ready: the parent sends the common start time once every producer is.
     pipe.send("ready")
@@ -134,7 +135,7 @@ async def _produce(url: str, job: str, nodes: list[str], args: argparse.Namespac
                     due[i] = now
                 while due[i] <= now:
                     for worker, chunk in workers:
-                        worker.feed(protocol.STDOUT, chunk)
+                        worker.feed(log_records.STDOUT, chunk)
                     due[i] += period
             await asyncio.sleep(0.005)  # a timer: the pace is the clock's
             continue
@@ -144,7 +145,7 @@ async def _produce(url: str, job: str, nodes: list[str], args: argparse.Namespac
                 continue
             fed = True
             for worker, chunk in workers:
-                worker.feed(protocol.STDOUT, chunk)
+                worker.feed(log_records.STDOUT, chunk)
         # Let the flushers run; when every publisher is full, give them real time.
         await asyncio.sleep(0 if fed else 0.002)
     sent = sum(p.sent_weight for p, _ in fleet) - sent0

@@ -145,18 +145,13 @@ from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
-from elastic_agent.coordination.connection import make_async_client, make_client, parse_endpoint
-from elastic_agent.coordination.protocol import (
-    EVENTS_MAXLEN,
-    JOBS_INDEX,
-    LOGS_MAXLEN,
-    PROTOCOL_VERSION,
-    EventType,
-    JobKeys,
-    encode_event,
-)
+from elastic_agent.coordination.connection import make_async_client, make_client
+from elastic_agent.coordination.endpoints import parse_endpoint
+from elastic_agent.coordination.event_records import EventType, encode_event
+from elastic_agent.coordination.keyspace import EVENTS_MAXLEN, JOBS_INDEX, LOGS_MAXLEN, JobKeys
+from elastic_agent.coordination.protocol import PROTOCOL_VERSION
 from elastic_agent.supervision.hosting.standalone import RedisServer
-from elastic_agent.supervision.records.logs import LOG_LINGER
+from elastic_agent.supervision.records.log_shipping import LOG_LINGER
 from elastic_console.job.state import DEFAULT_SCROLLBACK
 from elastic_console.tui.app import ConsoleApp
 
@@ -874,7 +869,7 @@ async def console_run(args: argparse.Namespace) -> dict[str, Any]:
                 now = time.perf_counter()
                 rings = app.view.logs
                 # What a rank's ring keeps: --scrollback, or less for a job of so many ranks
-                # that the rings would pass RANK_LINES_TOTAL together (app._fit_scrollback).
+                # that the rings would pass RANK_LINES_TOTAL together (feed._fit_scrollback).
                 kept = app.view.scrollback
                 full = len(rings) >= args.ranks and min(map(len, rings.values())) >= kept
                 if full and not ring_full_at:

@@ -60,15 +60,13 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from elastic_agent.coordination import protocol, stream_mux
+from elastic_agent.coordination import command_records, event_records, keyspace, protocol, stream_mux
+from elastic_agent.coordination.command_records import Command, CommandType
 from elastic_agent.coordination.connection import make_async_client, make_client
-from elastic_agent.coordination.protocol import Command, CommandType, EventType, JobKeys
-from elastic_agent.coordination.rendezvous import (
-    AsyncRedisRendezvous,
-    RendezvousResult,
-    RendezvousSettings,
-    opens_a_round,
-)
+from elastic_agent.coordination.event_records import EventType
+from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.rendezvous import AsyncRedisRendezvous
+from elastic_agent.coordination.rendezvous_types import RendezvousResult, RendezvousSettings, opens_a_round
 from elastic_agent.coordination.stack_dumps import RankStack, group_stacks, parse_faulthandler
 from elastic_agent.coordination.stack_replies import request_stacks
 from elastic_agent.coordination.stream_mux import StreamMux
@@ -507,7 +505,7 @@ def _script_calls(stats: dict[str, Any]) -> int:
 
 
 def _node_times(r: redis.Redis, job: str, since: str,
-                says: Callable[[protocol.Event], bool]) -> dict[str, int]:
+                says: Callable[[event_records.Event], bool]) -> dict[str, int]:
     """Each node that published an event that ``says`` after ``since``: server ms of its
     newest such event."""
     times: dict[str, int] = {}
@@ -518,14 +516,14 @@ def _node_times(r: redis.Redis, job: str, since: str,
             break
         for entry_id, fields in entries:
             last = entry_id.decode()
-            ev = protocol.decode_event(entry_id, fields)
+            ev = event_records.decode_event(entry_id, fields)
             if ev is not None and says(ev):
                 times[ev.node] = protocol.stream_id_ms(last)
     return times
 
 
 def _nodes_saying(r: redis.Redis, job: str, since: str,
-                 says: Callable[[protocol.Event], bool]) -> tuple[int, int]:
+                 says: Callable[[event_records.Event], bool]) -> tuple[int, int]:
     """(how many nodes published an event that ``says`` after ``since``, server ms of the
     newest such event)."""
     times = _node_times(r, job, since, says)
@@ -708,7 +706,7 @@ def run_fleet(n: int, args: argparse.Namespace) -> dict[str, Any]:
             cpu_before = fleet.cpu()
             stats_before = r.info("commandstats")
             sent_ms = _server_ms(r)
-            r.xadd(keys.commands, protocol.encode_command(cmd), maxlen=protocol.COMMANDS_MAXLEN,
+            r.xadd(keys.commands, command_records.encode_command(cmd), maxlen=keyspace.COMMANDS_MAXLEN,
                    approximate=True)
             acked = _wait(lambda: _acks(r, job, cmd.id, since)[0] >= survivors, 60, 0.1)
             ack_ms = _node_times(r, job, since, lambda ev: ev.type == EventType.COMMAND_ACK

@@ -35,12 +35,12 @@ T0 = 1_700_000_000_000
 
 
 def child(args: argparse.Namespace) -> dict[str, float]:
-    from elastic_agent.coordination.protocol import LogBatch
-    from elastic_console.job import state
+    from elastic_agent.coordination.log_records import LogBatch
+    from elastic_console.job import log_fold, state
     from elastic_console.job.logbuffer import LogBuffer
 
     if args.variant == "tuples":
-        state.PackedLogBuffer = LogBuffer  # type: ignore[misc]  # the rings before issue 15
+        log_fold.PackedLogBuffer = LogBuffer  # type: ignore[misc]  # the rings before issue 15
     pool = [text for _, text in make_pool()]
     proc = psutil.Process()
     gc.collect()

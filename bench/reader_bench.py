@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.protocol import LogBatch
+from elastic_agent.coordination.log_records import LogBatch
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from elastic_console.job.client import JobClient
 from elastic_console.job.state import JobView

@@ -34,8 +34,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from elastic_agent.coordination.command_records import Command, encode_command
 from elastic_agent.coordination.connection import make_async_client, make_client
-from elastic_agent.coordination.protocol import Command, JobKeys, encode_command
+from elastic_agent.coordination.keyspace import JobKeys
 from elastic_agent.coordination.stack_dumps import group_line, group_stacks
 from elastic_agent.coordination.stack_replies import request_stacks
 from elastic_agent.supervision.hosting.standalone import RedisServer
@@ -136,7 +137,7 @@ async def latencies(url: str, job: str, ranks: int, requests: int) -> tuple[list
 
 
 async def screen_latencies(url: str, job: str, requests: int) -> list[float]:
-    from elastic_agent.coordination.connection import parse_endpoint
+    from elastic_agent.coordination.endpoints import parse_endpoint
     from elastic_console.tui.app import ConsoleApp
     from elastic_console.tui.widgets.stacks import StacksScreen
 

@@ -28,26 +28,16 @@ import redis
 from redis.crc import key_slot
 from textual.pilot import Pilot
 
-from elastic_agent.coordination import protocol
-from elastic_agent.coordination.connection import (
-    EndpointError,
-    explain_error,
-    is_cluster,
-    make_async_client,
-    make_client,
-    parse_endpoint,
-)
-from elastic_agent.coordination.protocol import (
-    JOBS_INDEX,
-    LOG_SHARDS,
-    EventType,
-    JobKeys,
-    LogBatch,
-    encode_log_batch,
-    log_shard_tags,
-)
+from elastic_agent.coordination import log_records
+from elastic_agent.coordination.cluster import is_cluster
+from elastic_agent.coordination.connection import explain_error, make_async_client, make_client
+from elastic_agent.coordination.endpoints import EndpointError, parse_endpoint
+from elastic_agent.coordination.event_records import EventType
+from elastic_agent.coordination.keyspace import JOBS_INDEX, LOG_SHARDS, JobKeys, log_shard_tags
+from elastic_agent.coordination.log_records import LogBatch, encode_log_batch
 from elastic_agent.coordination.torch_compat import TorchRedisStore
-from elastic_agent.supervision.records.logs import NodeLogs, WorkerLogs, make_logs_drop_marker
+from elastic_agent.supervision.records.log_shipping import make_logs_drop_marker
+from elastic_agent.supervision.records.logs import NodeLogs, WorkerLogs
 from elastic_agent.supervision.records.publisher import StreamPublisher
 from elastic_agent.supervision.records.retention import JobRetention
 from elastic_console.job.client import BLOCK_MS, JobClient
@@ -384,7 +374,7 @@ class _Fleet:
 
     def say(self, text: str) -> None:
         for i, (_, _, worker) in enumerate(self.nodes):
-            worker.feed(protocol.STDOUT, f"{text} from rank {i}\n".encode())
+            worker.feed(log_records.STDOUT, f"{text} from rank {i}\n".encode())
 
     @property
     def streams(self) -> list[str]:

@@ -18,8 +18,10 @@ import pytest
 import redis
 
 from elastic_agent.coordination import stream_mux
+from elastic_agent.coordination.command_records import Command, encode_command
 from elastic_agent.coordination.connection import make_async_client, make_client, priority
-from elastic_agent.coordination.protocol import Command, EventType, JobKeys, encode_command
+from elastic_agent.coordination.event_records import EventType
+from elastic_agent.coordination.keyspace import JobKeys
 from elastic_agent.coordination.stream_mux import StreamMux
 from elastic_agent.supervision.records.publisher import StreamPublisher
 from elastic_agent.supervision.redis_bridge import SyncBridge

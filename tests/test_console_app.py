@@ -23,18 +23,15 @@ from rich.text import Text
 from textual.pilot import Pilot
 from textual.widgets import Button, Input
 
-from elastic_agent.coordination.connection import make_client, parse_endpoint
-from elastic_agent.coordination.protocol import (
-    EventType,
-    JobKeys,
-    LogBatch,
-    decode_event,
-    decode_log_entries,
-    encode_event,
-)
+from elastic_agent.coordination.connection import make_client
+from elastic_agent.coordination.endpoints import parse_endpoint
+from elastic_agent.coordination.event_records import EventType, decode_event, encode_event
+from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.log_records import LogBatch, decode_log_entries
 from elastic_console.job.state import JobView
-from elastic_console.tui.app import KEY_HELP, ConsoleApp
-from elastic_console.tui.widgets import rank_table
+from elastic_console.tui.app import ConsoleApp
+from elastic_console.tui.navigation import KEY_HELP
+from elastic_console.tui.widgets import rank_rows, rank_table
 from elastic_console.tui.widgets.dialogs import CommandDialog, DetailScreen
 from elastic_console.tui.widgets.footer import KeyFooter
 from elastic_console.tui.widgets.help import HelpScreen, help_text
@@ -860,7 +857,7 @@ def test_1024_ranks_table_computes_only_what_is_visible(monkeypatch: pytest.Monk
         table = app.rank_table
         assert table.row_count == 1024
         computed: list[int] = []
-        original = rank_table.row_values
+        original = rank_rows.row_values
 
         def counting(r: Any, now_ms: int) -> tuple[str, ...]:
             computed.append(r.rank)
@@ -917,7 +914,7 @@ def test_rank_table_cursor_keys_clicks_and_sorting():
         assert app.selected_rank == 2
         # a click on the CPU% header sorts by it; again: reversed (busiest first)
         shown = table.columns  # 64 ranks: the vertical scrollbar's cells cost LOCAL its place
-        cpu_x = sum(w + 2 for key, _, w, _ in rank_table.COLUMNS
+        cpu_x = sum(w + 2 for key, _, w, _ in rank_rows.COLUMNS
                     if key in shown[:shown.index("cpu")]) + 1
         header = (region.x - table.region.x + cpu_x, region.y - table.region.y)
         await pilot.click(table, offset=header)

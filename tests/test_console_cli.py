@@ -15,7 +15,8 @@ import pytest
 import redis
 
 from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.protocol import EventType, JobKeys, decode_event, encode_event
+from elastic_agent.coordination.event_records import EventType, decode_event, encode_event
+from elastic_agent.coordination.keyspace import JobKeys
 from tests.agents import SCRIPTS, Agent, wait_until
 
 CONSOLE = [sys.executable, "-m", "elastic_console.cli"]

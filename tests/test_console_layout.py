@@ -17,9 +17,9 @@ from textual.pilot import Pilot
 from textual.widgets import Static
 
 from elastic_console.job.state import JobView
-from elastic_console.tui.widgets import rank_table
+from elastic_console.tui.widgets import rank_rows
 from elastic_console.tui.widgets.help import HelpScreen
-from elastic_console.tui.widgets.rank_table import fit_columns
+from elastic_console.tui.widgets.rank_rows import fit_columns
 from tests.agents import SCRIPTS, Agent, wait_until
 from tests.test_console_app import (
     T0,
@@ -46,8 +46,8 @@ def heights(app: App) -> dict[str, int]:
 
 
 def test_columns_give_way_in_the_stated_order():
-    every = tuple(key for key, *_ in rank_table.COLUMNS)
-    assert fit_columns(rank_table.ROW_WIDTH) == tuple(range(len(every)))
+    every = tuple(key for key, *_ in rank_rows.COLUMNS)
+    assert fit_columns(rank_rows.ROW_WIDTH) == tuple(range(len(every)))
     shown = [tuple(every[i] for i in fit_columns(w)) for w in (89, 76, 70, 60, 50, 10)]
     assert shown[0] == ("rank", "host", "pid", "state", "restarts", "exit", "cpu", "rss", "line")
     assert shown[1] == ("rank", "host", "state", "restarts", "exit", "cpu", "rss", "line")
@@ -57,7 +57,7 @@ def test_columns_give_way_in_the_stated_order():
     for w in range(120):  # the row fits whenever it can; the display order is kept
         cols = fit_columns(w)
         assert list(cols) == sorted(cols)
-        assert rank_table.row_width(cols) <= w or tuple(every[i] for i in cols) == ESSENTIAL
+        assert rank_rows.row_width(cols) <= w or tuple(every[i] for i in cols) == ESSENTIAL
 
 
 def test_at_80_columns_the_essential_columns_show_and_sorting_follows_them():
@@ -96,15 +96,15 @@ def test_at_80_columns_the_essential_columns_show_and_sorting_follows_them():
         assert seen == set(table.columns)  # `o` never picks a hidden column
         # a click on the header of the shown QUIET column (the last one) sorts by it
         region = table.content_region
-        quiet_x = rank_table.row_width(tuple(
-            i for i, c in enumerate(rank_table.COLUMNS) if c[0] in table.columns[:-1])) + 2
+        quiet_x = rank_rows.row_width(tuple(
+            i for i, c in enumerate(rank_rows.COLUMNS) if c[0] in table.columns[:-1])) + 2
         await pilot.click(table, offset=(region.x - table.region.x + quiet_x,
                                          region.y - table.region.y))
         assert table.sort_column == "line"
         await pilot.press("j", "j")
         assert app.selected_rank == table.order()[2]
         await pilot.resize_terminal(120, 34)  # wide again: every column back
-        await wait_until_async(lambda: len(table.columns) == len(rank_table.COLUMNS), 5,
+        await wait_until_async(lambda: len(table.columns) == len(rank_rows.COLUMNS), 5,
                                "the columns back")
 
     run(app, body)

@@ -12,10 +12,11 @@ from typing import Any
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from elastic_agent.coordination.protocol import EventType
-from elastic_console.job.state import DEFAULT_SCROLLBACK, RESOURCE_HISTORY, JobView
-from elastic_console.tui import app as app_module
-from elastic_console.tui.widgets import rank_table
+from elastic_agent.coordination.event_records import EventType
+from elastic_console.job.model import RESOURCE_HISTORY
+from elastic_console.job.state import DEFAULT_SCROLLBACK, JobView
+from elastic_console.tui import feed
+from elastic_console.tui.widgets import rank_rows
 from elastic_console.tui.widgets.goto import GotoScreen
 from elastic_console.tui.widgets.help import HelpScreen, help_text
 from tests.test_console_app import (
@@ -86,7 +87,7 @@ def test_by_node_and_goto_on_a_job_of_4096_ranks(redis_url, r, job_id):
         await pilot.press("g")  # to the top row: the failed node; it stands for its worst rank
         assert table.selected_rank == BAD_RANK == app.selected_rank
         table.sync(app.view, app.now_ms(), full=False)
-        cells = dict(zip([c[0] for c in rank_table.NODE_COLUMNS],
+        cells = dict(zip([c[0] for c in rank_rows.NODE_COLUMNS],
                          table.shown_row(bad_node.node)))
         assert cells["host"] == bad_node.host and cells["ranks"] == "3000-3007"
         assert cells["state"] == "failed" and cells["states"] == "1 failed, 7 running"
@@ -144,7 +145,7 @@ def test_attach_reads_a_bounded_history_from_many_node_streams(redis_url, r, job
     # 400 nodes of 1 rank, 40 entries of 1 line each in every node's stream: 16,000 lines.
     # With room for 4,000 lines in all, each stream gives its newest 16 (16 per rank), not
     # everything it has (a floor of 1,000 per stream read all 2.5M lines of 4,096 nodes).
-    monkeypatch.setattr(app_module, "HISTORY_LINES_TOTAL", 4_000)
+    monkeypatch.setattr(feed, "HISTORY_LINES_TOTAL", 4_000)
     feeder = console_bench.Feeder(r, job_id, 400, 8_000, seed=2, nproc=1)
     feeder.setup()
     assert feeder.prefill(2.0) == 16_000
@@ -152,7 +153,7 @@ def test_attach_reads_a_bounded_history_from_many_node_streams(redis_url, r, job
 
     async def body(pilot: Pilot[int], app: App) -> None:
         await loaded(app, 400)
-        assert app.view.lines_total == 400 * app_module.HISTORY_LINES_MIN_PER_RANK
+        assert app.view.lines_total == 400 * feed.HISTORY_LINES_MIN_PER_RANK
         assert all(len(app.view.buffer_for(rank)) == 16 for rank in range(400))
 
     run(app, body)
@@ -161,9 +162,9 @@ def test_attach_reads_a_bounded_history_from_many_node_streams(redis_url, r, job
 def test_resource_samples_of_many_ranks_are_read_less_often(redis_url, r, job_id, monkeypatch):
     # Reading and folding 32,768 samples is ~0.25 s of CPU: every 4th poll at that size. Here
     # 8 ranks at 2 per read: every 4th poll; the meta is read every META_EVERY-th (5th).
-    monkeypatch.setattr(app_module, "POLL_S", 0.02)
-    monkeypatch.setattr(app_module, "RESOURCE_RANKS_PER_POLL", 2)
-    assert app_module.resource_polls_every(8) == 4 and app_module.META_EVERY == 5
+    monkeypatch.setattr(feed, "POLL_S", 0.02)
+    monkeypatch.setattr(feed, "RESOURCE_RANKS_PER_POLL", 2)
+    assert feed.resource_polls_every(8) == 4 and feed.META_EVERY == 5
     console_bench.Feeder(r, job_id, 8, 100, seed=1, nproc=4).setup()
     app = console(redis_url, job_id)
     calls = {"resources": 0, "liveness": 0}
@@ -191,7 +192,7 @@ def test_resource_samples_of_many_ranks_are_read_less_often(redis_url, r, job_id
 
 def test_the_ranks_rings_share_a_bound_on_lines(monkeypatch):
     # 32,768 ranks of 2,000 lines would be 65M lines (several GiB): the rings share a total.
-    monkeypatch.setattr(app_module, "RANK_LINES_TOTAL", 150 * 64)
+    monkeypatch.setattr(feed, "RANK_LINES_TOTAL", 150 * 64)
     view = big_view(64)
     app = App("big", view=view, clock=lambda: T0 + 5000)
 
@@ -201,10 +202,10 @@ def test_the_ranks_rings_share_a_bound_on_lines(monkeypatch):
         assert len(view.buffer_for(5)) == 150
         assert view.buffer_for(5)[-1][3] == "line 399"
         # Never below the floor, never above --scrollback.
-        monkeypatch.setattr(app_module, "RANK_LINES_TOTAL", 64)
+        monkeypatch.setattr(feed, "RANK_LINES_TOTAL", 64)
         app._fit_scrollback()
-        assert view.scrollback == app_module.SCROLLBACK_FLOOR
-        monkeypatch.setattr(app_module, "RANK_LINES_TOTAL", 10**9)
+        assert view.scrollback == feed.SCROLLBACK_FLOOR
+        monkeypatch.setattr(feed, "RANK_LINES_TOTAL", 10**9)
         app._fit_scrollback()
         assert view.scrollback == DEFAULT_SCROLLBACK
 
@@ -247,13 +248,13 @@ def test_rank_order_is_not_sorted_again_while_the_ranks_stay(monkeypatch):
     async def body(pilot: Pilot[int], app: App) -> None:
         table = app.rank_table
         keyed = [0]
-        original = rank_table.SORT_KEYS["rank"]
+        original = rank_rows.SORT_KEYS["rank"]
 
         def counting(r: Any) -> Any:
             keyed[0] += 1
             return original(r)
 
-        monkeypatch.setitem(rank_table.SORT_KEYS, "rank", counting)
+        monkeypatch.setitem(rank_rows.SORT_KEYS, "rank", counting)
         for _ in range(5):
             table.sync(view, T0 + 5000, full=True)
         assert keyed[0] == 0 and table.order() == list(range(256))

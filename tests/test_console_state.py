@@ -8,18 +8,13 @@ import re
 
 from rich.text import Text
 
-from elastic_agent.coordination.protocol import (
-    Event,
-    EventType,
-    LogBatch,
-    decode_event,
-    decode_log_batch,
-    encode_event,
-    encode_log_batch,
-)
+from elastic_agent.coordination.event_records import Event, EventType, decode_event, encode_event
+from elastic_agent.coordination.log_records import LogBatch, decode_log_batch, encode_log_batch
 from elastic_agent.coordination.text import sanitize, strip_sgr
+from elastic_console.job.logbuffer import LogLine
+from elastic_console.job.model import RESOURCE_HISTORY
 from elastic_console.job.packed_buffer import PackedLogBuffer
-from elastic_console.job.state import RESOURCE_HISTORY, ConnectionChange, JobView, LogLine
+from elastic_console.job.state import ConnectionChange, JobView
 
 # -- text ----------------------------------------------------------------------------------
 

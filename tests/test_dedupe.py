@@ -12,16 +12,13 @@ import threading
 
 import redis
 
-from elastic_agent.coordination.protocol import (
-    JobKeys,
-    LogBatch,
-    console_client_name,
-    encode_log_batch,
-)
+from elastic_agent.coordination.keyspace import JobKeys, console_client_name
+from elastic_agent.coordination.log_records import LogBatch, encode_log_batch
 from elastic_console.job.dedupe import Collapser, UniqueLogs, format_ranks
 from elastic_console.job.logbuffer import LogBuffer
 from elastic_console.job.state import JobView
-from elastic_console.tui.app import KEY_HELP, ConsoleApp
+from elastic_console.tui.app import ConsoleApp
+from elastic_console.tui.navigation import KEY_HELP
 from tests.waiting import blocked_in, wait_until, wait_until_async
 
 T0 = 1_700_000_000_000

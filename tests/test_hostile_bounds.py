@@ -20,15 +20,10 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elastic_agent.coordination.protocol import (
-    Command,
-    CommandType,
-    EventType,
-    JobKeys,
-    decode_command,
-    encode_command,
-    is_rank,
-)
+from elastic_agent.coordination.command_records import Command, CommandType, decode_command, encode_command
+from elastic_agent.coordination.event_records import EventType
+from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.protocol import is_rank
 from elastic_agent.supervision import loops
 from elastic_agent.supervision.records.commands import STACKS_BURST, RateLimit
 from tests.agents import Agent
@@ -280,7 +275,7 @@ FORGED_BYTES = 900 * 1024
 
 def test_big_forged_events_leave_the_agents_memory_bounded_and_its_root_cause_right(
         redis_url, r, job_id, tmp_path):
-    from elastic_agent.coordination.protocol import encode_event
+    from elastic_agent.coordination.event_records import encode_event
     from tests.agents import SCRIPTS
     from tests.test_agent import FAST, agent_args, worker_pids
     keys = JobKeys(job_id)
@@ -350,7 +345,7 @@ RANKS_PER_EVENT = 140_000  # under 1 MiB of JSON each, as in the issue's report
 def _forge_job(r: redis.Redis, job: str, *, world: int | None) -> None:
     """A running job whose event stream holds three forged ``workers_started`` events of 140k
     ranks each (different ranks in each), after a real-looking round of ``world`` ranks."""
-    from elastic_agent.coordination.protocol import encode_event
+    from elastic_agent.coordination.event_records import encode_event
     keys = JobKeys(job)
     r.zadd("elastic:jobs", {job: 1})
     r.hset(keys.meta, mapping={"min_nodes": 1, "max_nodes": 1, "max_restarts": 0,
@@ -390,14 +385,14 @@ def _run_measured(*args: str, redis_url: str) -> tuple[subprocess.CompletedProce
 
 @pytest.mark.parametrize("world", [4, None], ids=["world-known", "world-unknown"])
 def test_forged_rank_lists_leave_status_and_ls_bounded(redis_url, r, job_id, world):
-    from elastic_agent.coordination.connection import parse_endpoint
+    from elastic_agent.coordination.endpoints import parse_endpoint
     from elastic_console.job.client import JobClient
-    from elastic_console.job.state import MAX_VIEW_RANKS
+    from elastic_console.job.model import MAX_VIEW_RANKS
     _forge_job(r, job_id, world=world)
     bound = world if world is not None else MAX_VIEW_RANKS
 
     async def fold() -> int:  # the same fold status runs: count the rank entries it keeps
-        from elastic_console.cli import _load_view
+        from elastic_console.commands.common import _load_view
         client = JobClient(parse_endpoint(redis_url), job_id)
         try:
             return len((await _load_view(client, resources=True)).ranks)
@@ -420,21 +415,16 @@ def test_forged_rank_lists_leave_status_and_ls_bounded(redis_url, r, job_id, wor
 
 
 def _ev(t: str, data: dict[str, Any], seq: int, node: str = "evil-1-a") -> Any:
-    from elastic_agent.coordination.protocol import Event
+    from elastic_agent.coordination.event_records import Event
     return Event(t, node, data, f"{1000 + seq}-0", seq=seq)
 
 
 def test_every_list_and_text_of_an_event_is_bounded_in_the_fold():
     """The other records that could make the view grow: nodes, log rings, resource samples,
     acks, timeline text, and the fingerprints of events without a sequence number."""
-    from elastic_agent.coordination.protocol import LogBatch
-    from elastic_console.job.state import (
-        MAX_DETAIL_CHARS,
-        MAX_NOTE_CHARS,
-        MAX_VIEW_NODES,
-        MAX_VIEW_RANKS,
-        JobView,
-    )
+    from elastic_agent.coordination.log_records import LogBatch
+    from elastic_console.job.model import MAX_DETAIL_CHARS, MAX_NOTE_CHARS, MAX_VIEW_NODES, MAX_VIEW_RANKS
+    from elastic_console.job.state import JobView
     view = JobView("j")
     nodes = [{"node": f"n{i}", "host": "h" * 5000, "group_rank": i} for i in range(20_000)]
     view.apply_event(_ev(EventType.RENDEZVOUS_COMPLETE, {"round": 1, "world_size": 1 << 40,
@@ -467,8 +457,8 @@ def test_a_console_reads_big_forged_events_a_page_at_a_time_within_a_budget(redi
                                                                             job_id):
     """History: the newest events are kept until their data passes the budget; the rest are
     left out and counted, and the follow cursor is still the newest entry."""
-    from elastic_agent.coordination.connection import parse_endpoint
-    from elastic_agent.coordination.protocol import encode_event
+    from elastic_agent.coordination.endpoints import parse_endpoint
+    from elastic_agent.coordination.event_records import encode_event
     from elastic_console.job import client as client_module
     from elastic_console.job.client import JobClient
     keys = JobKeys(job_id)

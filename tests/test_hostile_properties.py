@@ -12,27 +12,20 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from elastic_agent.coordination import text as text_module
-from elastic_agent.coordination.protocol import (
-    Command,
-    CommandType,
-    Event,
-    EventType,
-    JobKeys,
+from elastic_agent.coordination.command_records import Command, CommandType, decode_command, encode_command
+from elastic_agent.coordination.event_records import Event, EventType, decode_event, encode_event
+from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.log_records import (
     LogBatch,
     LogEntryDecoder,
-    NodeDescription,
-    ProtocolError,
-    RoundInfo,
-    decode_command,
-    decode_event,
     decode_log_batch,
     decode_log_entries,
     decode_log_entry,
-    encode_command,
-    encode_event,
     encode_log_batch,
     encode_node_log_entry,
 )
+from elastic_agent.coordination.protocol import ProtocolError
+from elastic_agent.coordination.round_records import NodeDescription, RoundInfo
 from elastic_agent.coordination.text import sanitize, terminal_line
 from elastic_console.job.state import JobView
 from tests.agents import SCRIPTS, Agent, wait_until

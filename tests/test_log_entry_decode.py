@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elastic_agent.coordination import protocol
-from elastic_agent.coordination.protocol import (
+from elastic_agent.coordination.log_records import (
     LogBatch,
     LogEntryDecoder,
     decode_log_entries,

@@ -17,14 +17,11 @@ from typing import Any
 
 import pytest
 
-from elastic_agent.supervision.launch.workers import (
-    RankAssignment,
-    WorkerGroup,
-    WorkerSpec,
-    WorkerStartError,
-    WorkerState,
-)
-from elastic_agent.supervision.records.logs import LogPathError, NodeLogs, open_private_dir
+from elastic_agent.supervision.launch.exits import WorkerStartError, WorkerState
+from elastic_agent.supervision.launch.worker_env import RankAssignment, WorkerSpec
+from elastic_agent.supervision.launch.workers import WorkerGroup
+from elastic_agent.supervision.records.log_files import LogPathError, open_private_dir
+from elastic_agent.supervision.records.logs import NodeLogs
 from tests.agents import EXAMPLES, Agent
 
 VICTIM_TEXT = "the user's precious file\n"

@@ -17,9 +17,9 @@ from textual.strip import Strip
 from elastic_agent.coordination.text import sanitize, strip_sgr
 from elastic_console.job.logbuffer import LogBuffer, LogLine
 from elastic_console.job.packed_buffer import PackedLogBuffer
-from elastic_console.tui.widgets import LogView
+from elastic_console.tui.widgets import LogView, log_lines
 from elastic_console.tui.widgets import log_view as log_view_module
-from elastic_console.tui.widgets.log_view import text_cells
+from elastic_console.tui.widgets.log_lines import text_cells
 from tests.waiting import wait_until_async
 
 T0 = 1_700_000_000_000  # 2023-11-14 22:13:20.000 UTC
@@ -557,7 +557,7 @@ def test_focus_tints_the_view_without_rendering_its_lines_again(
     buf = LogBuffer(100)
     buf.extend(lines(50))
     built: list[str] = []
-    original = log_view_module.build_text
+    original = log_lines.build_text
 
     def counting(raw: str) -> Any:
         built.append(raw)
@@ -689,7 +689,7 @@ HARD_LINES = [
 
 @pytest.mark.parametrize("raw", HARD_LINES, ids=[f"line{i}" for i in range(len(HARD_LINES))])
 def test_measured_width_matches_rendered_width(raw: str) -> None:
-    from elastic_console.tui.widgets.log_view import build_text, cells_of, visible_text
+    from elastic_console.tui.widgets.log_lines import build_text, cells_of, visible_text
 
     assert text_cells(raw) == build_text(raw).cell_len
     assert cells_of([raw, "ok"]) == [build_text(raw).cell_len, 2]

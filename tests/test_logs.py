@@ -13,18 +13,21 @@ import pytest
 import pytest_asyncio
 import redis
 
-from elastic_agent.coordination import protocol
-from elastic_agent.coordination.protocol import JobKeys, LogBatch
-from elastic_agent.supervision.launch.workers import RankAssignment, WorkerGroup, WorkerSpec, WorkerState
-from elastic_agent.supervision.records.logs import (
+from elastic_agent.coordination import event_records, log_records
+from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.log_records import LogBatch
+from elastic_agent.supervision.launch.exits import WorkerState
+from elastic_agent.supervision.launch.worker_env import RankAssignment, WorkerSpec
+from elastic_agent.supervision.launch.workers import WorkerGroup
+from elastic_agent.supervision.records.log_config import (
     LogConfig,
-    NodeLogs,
     Std,
     line_prefix,
-    make_logs_drop_marker,
     parse_local_ranks_filter,
     parse_std_spec,
 )
+from elastic_agent.supervision.records.log_shipping import make_logs_drop_marker
+from elastic_agent.supervision.records.logs import NodeLogs
 from elastic_agent.supervision.records.publisher import StreamPublisher
 from tests.waiting import wait_until_async
 
@@ -47,13 +50,13 @@ def term() -> Iterator[tuple[io.BytesIO, io.BytesIO]]:
 def batches(r: redis.Redis, job_id: str) -> list[LogBatch]:
     out = []
     for entry_id, fields in r.xrange(JobKeys(job_id).logs(NODE)):
-        decoded = protocol.decode_log_entries(entry_id, fields)
+        decoded = log_records.decode_log_entries(entry_id, fields)
         assert decoded is not None
         out += decoded
     return out
 
 
-def lines_of(bs: list[LogBatch], rank: int, stream: str = protocol.STDOUT) -> list[str]:
+def lines_of(bs: list[LogBatch], rank: int, stream: str = log_records.STDOUT) -> list[str]:
     out: list[str] = []
     for b in bs:
         if b.rank == rank and b.stream == stream:
@@ -98,8 +101,8 @@ async def test_lines_reach_files_and_redis(tmp_path: Path, publisher: StreamPubl
         expected = [f"r{rank} line {i}" for i in range(3000)]
         expected += ["crlf line", "no newline at the end"]
         assert lines_of(bs, rank) == expected
-        assert lines_of(bs, rank, protocol.STDERR) == [f"r{rank} oops"]
-        mine = [b for b in bs if b.rank == rank and b.stream == protocol.STDOUT]
+        assert lines_of(bs, rank, log_records.STDERR) == [f"r{rank} oops"]
+        mine = [b for b in bs if b.rank == rank and b.stream == log_records.STDOUT]
         assert [b.seq for b in mine] == list(range(1, len(mine) + 1))
         assert all(b.node == NODE and b.local_rank == rank and b.attempt == 0 for b in mine)
         # The files hold the raw bytes, in torchrun's per-rank layout.
@@ -170,7 +173,7 @@ async def test_chunk_boundaries_and_multibyte_characters(
     w = logs.open_worker(directory=tmp_path, role="default", rank=5, local_rank=1, attempt=2)
     data = "héllo wörld\n☃☃☃\r\n".encode() + b"x" * 30 + "é".encode() * 10 + b"\nend"
     for i in range(len(data)):  # one byte at a time: the worst case
-        w.feed(protocol.STDOUT, data[i:i + 1])
+        w.feed(log_records.STDOUT, data[i:i + 1])
     w.close()
     assert w.drained.is_set()
     await asyncio.wait_for(publisher.flush(), 10)
@@ -188,8 +191,8 @@ def feed_all(logs: NodeLogs, tmp_path: Path, nproc: int = 2) -> None:
     for lr in range(nproc):
         w = logs.open_worker(directory=tmp_path / str(lr), role="trainer", rank=10 + lr,
                              local_rank=lr, attempt=0)
-        w.feed(protocol.STDOUT, f"out {lr} a\nout {lr} b\n".encode())
-        w.feed(protocol.STDERR, f"err {lr}\n".encode())
+        w.feed(log_records.STDOUT, f"out {lr} a\nout {lr} b\n".encode())
+        w.feed(log_records.STDERR, f"err {lr}\n".encode())
         w.close()
 
 
@@ -216,7 +219,7 @@ def test_tee_partial_lines_continue_without_a_new_prefix(tmp_path: Path, term) -
     logs = NodeLogs(LogConfig(tee=Std.ALL), stdout=out, stderr=term[1])
     w = logs.open_worker(directory=tmp_path, role="r", rank=0, local_rank=0, attempt=0)
     for piece in (b"he", b"llo\nwor", b"ld\n", b"tail"):
-        w.feed(protocol.STDOUT, piece)
+        w.feed(log_records.STDOUT, piece)
     w.close()
     assert out.getvalue() == b"[r0]:hello\n[r0]:world\n[r0]:tail\n"
 
@@ -251,11 +254,11 @@ async def test_terminal_shows_an_unterminated_line_after_a_short_delay(tmp_path:
     out, _ = term
     logs = NodeLogs(LogConfig(tee=Std.ALL), stdout=out, stderr=term[1])
     w = logs.open_worker(directory=tmp_path, role="r", rank=0, local_rank=0, attempt=0)
-    w.feed(protocol.STDOUT, b"progress 10%\r")
+    w.feed(log_records.STDOUT, b"progress 10%\r")
     assert out.getvalue() == b""  # waits briefly for the rest of the line
     await wait_until_async(lambda: out.getvalue() != b"", 2, "the unterminated line")
     assert out.getvalue() == b"[r0]:progress 10%\r"
-    w.feed(protocol.STDOUT, b"progress 100%\n")
+    w.feed(log_records.STDOUT, b"progress 100%\n")
     w.close()
     assert out.getvalue() == b"[r0]:progress 10%\rprogress 100%\n"
 
@@ -286,8 +289,8 @@ def test_parse_local_ranks_filter_and_prefix() -> None:
 def test_drop_marker_is_a_logs_dropped_event(job_id: str) -> None:
     key, fields = make_logs_drop_marker(job_id, NODE)(1234)
     assert key == JobKeys(job_id).events
-    event = protocol.decode_event("5-0", fields)
-    assert event is not None and event.type == protocol.EventType.LOGS_DROPPED
+    event = event_records.decode_event("5-0", fields)
+    assert event is not None and event.type == event_records.EventType.LOGS_DROPPED
     assert event.node == NODE and event.data == {"count": 1234}
 
 
@@ -309,14 +312,14 @@ async def test_a_nodes_workers_share_one_entry_per_flush(tmp_path: Path,
             time.sleep(0.01)
     """, nproc=4)
     await asyncio.wait_for(publisher.flush(), 10)
-    entries = [protocol.decode_log_entries(i, f)
+    entries = [log_records.decode_log_entries(i, f)
                for i, f in r.xrange(JobKeys(job_id).logs(NODE))]
     assert all(entries)
     bs = [b for e in entries for b in e]
     for rank in range(4):
         assert lines_of(bs, rank) == [f"r{rank} line {i}" for i in range(20)]
-        assert lines_of(bs, rank, protocol.STDERR) == [f"r{rank} err {i}" for i in range(20)]
-        for stream in (protocol.STDOUT, protocol.STDERR):
+        assert lines_of(bs, rank, log_records.STDERR) == [f"r{rank} err {i}" for i in range(20)]
+        for stream in (log_records.STDOUT, log_records.STDERR):
             mine = [b.seq for b in bs if b.rank == rank and b.stream == stream]
             assert mine == list(range(1, len(mine) + 1))
     # Most entries hold several worker streams: far fewer XADDs than stream batches.

@@ -25,8 +25,11 @@ import pytest
 
 from elastic_agent.supervision.config import UsageError, parse_args
 from elastic_agent.supervision.launch import zygote
-from elastic_agent.supervision.launch.workers import GroupResult, RankAssignment, WorkerGroup, WorkerSpec
-from elastic_agent.supervision.records.logs import LogConfig, NodeLogs, Std
+from elastic_agent.supervision.launch.exits import GroupResult
+from elastic_agent.supervision.launch.worker_env import RankAssignment, WorkerSpec
+from elastic_agent.supervision.launch.workers import WorkerGroup
+from elastic_agent.supervision.records.log_config import LogConfig, Std
+from elastic_agent.supervision.records.logs import NodeLogs
 from tests.agents import SCRIPTS, Agent, wait_until
 from tests.test_process_tree import DEATH_BUDGET, describe, kill_all, start_tree, survivors
 from tests.waiting import wait_until_async
@@ -276,7 +279,9 @@ def test_torch_gloo_crash_restart_through_the_zygote(redis_url, job_id, tmp_path
 
 
 def test_restart_command_restarts_through_the_zygote(redis_url, r, job_id, tmp_path):
-    from elastic_agent.coordination.protocol import Command, EventType, JobKeys, encode_command
+    from elastic_agent.coordination.command_records import Command, encode_command
+    from elastic_agent.coordination.event_records import EventType
+    from elastic_agent.coordination.keyspace import JobKeys
     from tests.test_agent import FAST, of_type
 
     logs = tmp_path / "logs"

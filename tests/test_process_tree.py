@@ -21,14 +21,12 @@ import psutil
 import pytest
 import redis
 
-from elastic_agent.coordination.protocol import (
-    Command,
-    EventType,
-    JobKeys,
-    decode_event,
-    encode_command,
-)
-from elastic_agent.supervision.launch.workers import RankAssignment, WorkerGroup, WorkerSpec, WorkerState
+from elastic_agent.coordination.command_records import Command, encode_command
+from elastic_agent.coordination.event_records import EventType, decode_event
+from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.supervision.launch.exits import WorkerState
+from elastic_agent.supervision.launch.worker_env import RankAssignment, WorkerSpec
+from elastic_agent.supervision.launch.workers import WorkerGroup
 from elastic_agent.supervision.records.logs import NodeLogs
 from tests.agents import SCRIPTS, Agent, wait_until
 

@@ -24,20 +24,20 @@ from typing import NamedTuple
 import pytest
 import redis
 
-from elastic_agent.coordination import protocol
+from elastic_agent.coordination import log_records
 from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.protocol import (
-    JOBS_INDEX,
+from elastic_agent.coordination.event_records import EventType, encode_event
+from elastic_agent.coordination.keyspace import JOBS_INDEX, JobKeys
+from elastic_agent.coordination.log_records import (
     MAX_LOG_ENTRY_BYTES,
-    EventType,
-    JobKeys,
     LogBatch,
     decode_log_batch,
     decode_log_entries,
-    encode_event,
     encode_log_batch,
 )
-from elastic_agent.supervision.records.logs import LIVE_DELAY, LIVE_INTERVAL, LogConfig, NodeLogs, Std
+from elastic_agent.supervision.records.log_config import LogConfig, Std
+from elastic_agent.supervision.records.log_shipping import LIVE_DELAY, LIVE_INTERVAL
+from elastic_agent.supervision.records.logs import NodeLogs
 from elastic_agent.supervision.records.publisher import StreamPublisher
 from elastic_console.job.inplace import InPlaceRows
 from elastic_console.job.logbuffer import LogBuffer, LogLine
@@ -54,7 +54,7 @@ from tests.test_log_view import run as run_view
 from tests.test_log_view import screen_text as view_text
 from tests.waiting import wait_until_async
 
-OUT = protocol.STDOUT
+OUT = log_records.STDOUT
 SECONDS = 2.0  # how long the real worker draws its bar, ~1,000 frames a second
 FRAME = re.compile(r"step +(\d+) t=(\d+\.\d{3}) \|#* *\|")
 FINAL = re.compile(r"done (\d+) frames +\|#{40}\|")
@@ -266,7 +266,7 @@ def test_jobview_keeps_a_redrawn_line_in_one_row_of_its_rank_and_of_all_ranks():
     v = JobView("j")
     v.apply_logs(batch(1, ["start", " 10%"], live=True))
     v.apply_logs(batch(1, ["rank 1 says hi"], rank=1))
-    v.apply_logs(batch(1, ["an error"], stream=protocol.STDERR))
+    v.apply_logs(batch(1, ["an error"], stream=log_records.STDERR))
     v.apply_logs(batch(2, [" 50%"], live=True))
     assert texts(v.logs_for(0)) == ["start", " 50%", "an error"]
     assert texts(v.all_logs) == ["start", " 50%", "rank 1 says hi", "an error"]

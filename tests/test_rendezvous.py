@@ -16,10 +16,10 @@ import pytest
 from redis.crc import key_slot
 
 from elastic_agent.coordination.connection import make_client
+from elastic_agent.coordination.keyspace import JobKeys
 from elastic_agent.coordination.ports import free_port
-from elastic_agent.coordination.protocol import JobKeys
-from elastic_agent.coordination.rendezvous import (
-    RedisRendezvous,
+from elastic_agent.coordination.rendezvous import RedisRendezvous
+from elastic_agent.coordination.rendezvous_types import (
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousError,
@@ -376,7 +376,7 @@ def test_bad_settings_are_refused() -> None:
 
 
 def test_joining_lists_the_job_in_the_index(nodes: Nodes, r, job_id: str) -> None:
-    from elastic_agent.coordination.protocol import JOBS_INDEX
+    from elastic_agent.coordination.keyspace import JOBS_INDEX
 
     nodes.make(fixed(1)).next_rendezvous()
     assert r.zscore(JOBS_INDEX, job_id) is not None
@@ -470,7 +470,7 @@ def test_a_big_round_wakes_nobody_for_its_last_call_and_still_completes(
 def test_a_round_opened_is_read_from_the_notify_stream(nodes: Nodes, r, job_id: str) -> None:
     """The agents' watch re-forms on the notify stream's "open" alone (no summary first):
     every other kind of entry leaves it watching."""
-    from elastic_agent.coordination.rendezvous import opens_a_round
+    from elastic_agent.coordination.rendezvous_types import opens_a_round
 
     a, b = nodes.make(fixed(2)), nodes.make(fixed(2))
     nodes.join_all([a, b])

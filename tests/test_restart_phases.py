@@ -17,15 +17,11 @@ import textwrap
 
 import pytest
 
-from elastic_agent.coordination.protocol import (
-    RESTART_PHASES,
-    EventType,
-    decode_event,
-    encode_event,
-)
+from elastic_agent.coordination.event_records import RESTART_PHASES, EventType, decode_event, encode_event
 from elastic_agent.supervision.launch import probes
 from elastic_agent.supervision.records.events import RestartClock
-from elastic_console.job.state import JobView, restart_took
+from elastic_console.job.restarts import restart_took
+from elastic_console.job.state import JobView
 from tests.agents import EXAMPLES, Agent
 from tests.test_agent import FAST, of_type
 

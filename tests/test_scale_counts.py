@@ -20,8 +20,10 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from elastic_agent.coordination.connection import make_async_client, make_client, parse_endpoint
-from elastic_agent.coordination.rendezvous import RedisRendezvous, RendezvousSettings
+from elastic_agent.coordination.connection import make_async_client, make_client
+from elastic_agent.coordination.endpoints import parse_endpoint
+from elastic_agent.coordination.rendezvous import RedisRendezvous
+from elastic_agent.coordination.rendezvous_types import RendezvousSettings
 from elastic_agent.supervision.diagnosis.stall import StallWatch
 from elastic_agent.supervision.hosting.standalone import RedisServer
 

@@ -23,20 +23,19 @@ from urllib.parse import quote
 import pytest
 import redis
 
-from elastic_agent.coordination import connection
-from elastic_agent.coordination.connection import (
+from elastic_agent.coordination import endpoints
+from elastic_agent.coordination.connection import RedisUnavailableError, explain_error, make_client
+from elastic_agent.coordination.endpoints import (
     Endpoint,
     EndpointError,
-    RedisUnavailableError,
-    explain_error,
-    make_client,
     parse_endpoint,
     redact,
     redact_endpoint,
     with_outside_password,
 )
+from elastic_agent.coordination.event_records import EventType, decode_event
+from elastic_agent.coordination.keyspace import JobKeys
 from elastic_agent.coordination.ports import free_port
-from elastic_agent.coordination.protocol import EventType, JobKeys, decode_event
 from elastic_agent.supervision.config import UsageError, parse_args
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from elastic_console.tui.app import ConsoleApp
@@ -297,15 +296,15 @@ def test_argv_restore_takes_back_only_what_it_hid(monkeypatch: pytest.MonkeyPatc
     hidden = redact_endpoint(url(1))
     monkeypatch.setattr(sys, "argv", ["prog", "--redis", hidden, "ls"])
     payload = f'[[1, "{hidden}", "{url(1)}"]]'
-    monkeypatch.setenv(connection._ARGV_ENV, payload)
-    assert connection.argv_without_passwords(["--redis"]) == ["--redis", url(1), "ls"]
-    assert connection._ARGV_ENV not in os.environ, "the private variable goes no further"
+    monkeypatch.setenv(endpoints._ARGV_ENV, payload)
+    assert endpoints.argv_without_passwords(["--redis"]) == ["--redis", url(1), "ls"]
+    assert endpoints._ARGV_ENV not in os.environ, "the private variable goes no further"
     # A stale or foreign variable does not rewrite an argument it did not hide.
     monkeypatch.setattr(sys, "argv", ["prog", "--redis", "127.0.0.1:1", "ls"])
-    monkeypatch.setenv(connection._ARGV_ENV, payload)
-    assert connection.argv_without_passwords(["--redis"]) == ["--redis", "127.0.0.1:1", "ls"]
-    monkeypatch.setenv(connection._ARGV_ENV, "[" * 100_000)
-    assert connection.argv_without_passwords(["--redis"]) == ["--redis", "127.0.0.1:1", "ls"]
+    monkeypatch.setenv(endpoints._ARGV_ENV, payload)
+    assert endpoints.argv_without_passwords(["--redis"]) == ["--redis", "127.0.0.1:1", "ls"]
+    monkeypatch.setenv(endpoints._ARGV_ENV, "[" * 100_000)
+    assert endpoints.argv_without_passwords(["--redis"]) == ["--redis", "127.0.0.1:1", "ls"]
 
 
 # -- the agent ----------------------------------------------------------------------------------
@@ -369,7 +368,7 @@ def test_a_running_agent_and_console_show_no_password_in_their_command_line(
         assert_clean(title, "the agent's /proc/PID/cmdline")
         for child in agent.descendants():
             assert_clean(" ".join(child.cmdline()), "a worker's command line")
-            assert connection._ARGV_ENV not in child.environ()
+            assert endpoints._ARGV_ENV not in child.environ()
 
         out = tmp_path / "follow.out"
         with open(out, "wb") as f:

@@ -23,25 +23,24 @@ import pytest
 import redis
 
 from elastic_agent.coordination.connection import (
-    EndpointError,
     RedisUnavailableError,
     connect,
     describe_endpoint,
     make_async_client,
     make_client,
+)
+from elastic_agent.coordination.endpoints import (
+    EndpointError,
     parse_endpoint,
     redact,
     username_of,
     with_outside_password,
 )
+from elastic_agent.coordination.event_records import EventType
+from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.log_records import LogBatch, decode_log_entries
 from elastic_agent.coordination.ports import free_port
-from elastic_agent.coordination.protocol import (
-    EventType,
-    JobKeys,
-    LogBatch,
-    decode_log_entries,
-    stream_id_ms,
-)
+from elastic_agent.coordination.protocol import stream_id_ms
 from elastic_agent.coordination.store import RedisStore
 from elastic_agent.supervision.hosting.standalone import RedisServer, find_redis_server
 from elastic_console.job.client import JobClient

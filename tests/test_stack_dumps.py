@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastic_agent.coordination import protocol
+from elastic_agent.coordination import command_records, protocol, trace_records
 from elastic_agent.coordination.stack_dumps import (
     MAX_FRAMES,
     MAX_THREADS,
@@ -158,7 +158,7 @@ hostile_dumps = _mutated_dump() | st.text(max_size=3000)
 
 _REPLY_FIELDS = [b"v", b"request", b"rank", b"text", b"pid", b"node", b"host", b"error",
                  b"truncated"]
-_replies = st.builds(protocol.StackReply, st.from_regex(r"[a-z0-9][a-z0-9:.-]{0,20}",
+_replies = st.builds(trace_records.StackReply, st.from_regex(r"[a-z0-9][a-z0-9:.-]{0,20}",
                                                         fullmatch=True),
                      _names, _names, st.integers(0, 40_000), st.integers(1, 1 << 22),
                      _mutated_dump(), st.just("") | st.just("") | _names)
@@ -168,7 +168,7 @@ _replies = st.builds(protocol.StackReply, st.from_regex(r"[a-z0-9][a-z0-9:.-]{0,
 def _mutated_reply(draw: st.DrawFn) -> dict[bytes, bytes]:
     """A valid reply's fields, then up to two replaced by hostile bytes, dropped or added."""
     fields = {k.encode(): v.encode() for k, v in
-              protocol.encode_stack_reply(draw(_replies)).items()}
+              trace_records.encode_stack_reply(draw(_replies)).items()}
     for _ in range(draw(st.integers(0, 2))):
         key = draw(st.sampled_from(_REPLY_FIELDS) | st.binary(max_size=6))
         if draw(st.booleans()):
@@ -256,27 +256,27 @@ def test_format_ranks_is_exact(ranks: set[int]) -> None:
 # -- the wire record -----------------------------------------------------------------------
 
 def test_stack_reply_round_trip_and_cap() -> None:
-    reply = protocol.StackReply("c-1a", "node-1", "host", 5, 1234, real_dump())
-    back = protocol.decode_stack_reply("1-0", protocol.encode_stack_reply(reply))
+    reply = trace_records.StackReply("c-1a", "node-1", "host", 5, 1234, real_dump())
+    back = trace_records.decode_stack_reply("1-0", trace_records.encode_stack_reply(reply))
     assert back is not None and (back.rank, back.pid, back.text) == (5, 1234, reply.text)
     assert not back.truncated and rank_stack(back).threads == parse_faulthandler(reply.text)
-    big = protocol.StackReply("c-1a", "n", "h", 0, 1, "x" * (protocol.MAX_STACK_TEXT_BYTES * 2))
-    fields = protocol.encode_stack_reply(big)
-    assert len(fields["text"]) == protocol.MAX_STACK_TEXT_BYTES and fields["truncated"] == "1"
+    big = trace_records.StackReply("c-1a", "n", "h", 0, 1, "x" * (trace_records.MAX_STACK_TEXT_BYTES * 2))
+    fields = trace_records.encode_stack_reply(big)
+    assert len(fields["text"]) == trace_records.MAX_STACK_TEXT_BYTES and fields["truncated"] == "1"
     as_bytes = {k.encode(): v.encode() for k, v in fields.items()}
-    assert protocol.decode_stack_reply(b"1-0", as_bytes).truncated
-    err = protocol.decode_stack_reply("1-0", protocol.encode_stack_reply(
-        protocol.StackReply("stop-3", "n", "h", 2, 0, "", error="worker not running")))
+    assert trace_records.decode_stack_reply(b"1-0", as_bytes).truncated
+    err = trace_records.decode_stack_reply("1-0", trace_records.encode_stack_reply(
+        trace_records.StackReply("stop-3", "n", "h", 2, 0, "", error="worker not running")))
     assert rank_stack(err).error == "worker not running"
 
 
 @pytest.mark.parametrize("change", [
     {"rank": "True"}, {"rank": "-1"}, {"rank": "9" * 40}, {"v": "9"}, {"request": "a b"},
-    {"request": "{x}"}, {"pid": "-5"}, {"text": "x" * (protocol.MAX_STACK_TEXT_BYTES + 10)},
+    {"request": "{x}"}, {"pid": "-5"}, {"text": "x" * (trace_records.MAX_STACK_TEXT_BYTES + 10)},
     {"node": "n" * 1000}])
 def test_malformed_replies_are_skipped(change: dict[str, str]) -> None:
-    fields = protocol.encode_stack_reply(protocol.StackReply("c-1", "n", "h", 1, 2, "t"))
-    assert protocol.decode_stack_reply("1-0", {**fields, **change}) is None
+    fields = trace_records.encode_stack_reply(trace_records.StackReply("c-1", "n", "h", 1, 2, "t"))
+    assert trace_records.decode_stack_reply("1-0", {**fields, **change}) is None
 
 
 def test_any_entry_decodes_without_raising() -> None:
@@ -286,7 +286,7 @@ def test_any_entry_decodes_without_raising() -> None:
     @given(hostile_replies)
     def prop(fields: dict[bytes, bytes]) -> None:
         reach.example()
-        reply = protocol.decode_stack_reply(b"1-0", fields)
+        reply = trace_records.decode_stack_reply(b"1-0", fields)
         reach.hit("decoded", reply is not None)
         if reply is not None:
             parsed = rank_stack(reply)
@@ -298,12 +298,12 @@ def test_any_entry_decodes_without_raising() -> None:
 
 
 def test_stacks_command_is_read_only_and_checked() -> None:
-    def cmd(cid: str, args: str) -> protocol.Command | str:
-        return protocol.decode_command("1-0", {"v": "1", "id": cid, "type": "stacks",
+    def cmd(cid: str, args: str) -> command_records.Command | str:
+        return command_records.decode_command("1-0", {"v": "1", "id": cid, "type": "stacks",
                                                "issuer": "u@h", "args": args})
     ok = cmd("c-12ab", "{}")
-    assert isinstance(ok, protocol.Command) and ok.type == protocol.CommandType.STACKS
-    assert isinstance(cmd("c-12ab", '{"rank": 3}'), protocol.Command)
+    assert isinstance(ok, command_records.Command) and ok.type == command_records.CommandType.STACKS
+    assert isinstance(cmd("c-12ab", '{"rank": 3}'), command_records.Command)
     assert isinstance(cmd("c-12ab", '{"rank": true}'), str)
     assert isinstance(cmd("c-12ab", '{"rank": -2}'), str)
     assert isinstance(cmd("bad id{}", "{}"), str)  # replies could not name it

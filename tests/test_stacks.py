@@ -26,14 +26,19 @@ import psutil
 import pytest
 import redis
 
-from elastic_agent.coordination.connection import make_async_client, parse_endpoint
-from elastic_agent.coordination.protocol import Command, EventType, JobKeys, encode_command
+from elastic_agent.coordination.command_records import Command, encode_command
+from elastic_agent.coordination.connection import make_async_client
+from elastic_agent.coordination.endpoints import parse_endpoint
+from elastic_agent.coordination.event_records import EventType
+from elastic_agent.coordination.keyspace import JobKeys
 from elastic_agent.coordination.stack_replies import read_stack_replies
 from elastic_agent.supervision.config import RUN_PATH_BOOTSTRAP
 from elastic_agent.supervision.diagnosis import stacks
 from elastic_agent.supervision.launch import probes
-from elastic_agent.supervision.launch.workers import RankAssignment, WorkerGroup, WorkerSpec
-from elastic_agent.supervision.records.logs import LogConfig, NodeLogs, Std
+from elastic_agent.supervision.launch.worker_env import RankAssignment, WorkerSpec
+from elastic_agent.supervision.launch.workers import WorkerGroup
+from elastic_agent.supervision.records.log_config import LogConfig, Std
+from elastic_agent.supervision.records.logs import NodeLogs
 from tests.agents import EXAMPLES, SCRIPTS, Agent, wait_until
 from tests.test_agent import of_type
 from tests.test_console_cli import console
@@ -226,7 +231,7 @@ def test_a_restart_captures_the_stacks_before_the_kill(hung_job, redis_url):
 
 def test_stack_signal_flag_and_off(tmp_path):
     from elastic_agent.supervision.config import UsageError, parse_args
-    from elastic_agent.supervision.launch.workers import worker_argv, worker_env
+    from elastic_agent.supervision.launch.worker_env import worker_argv, worker_env
 
     base = ["--standalone", "--log-dir", str(tmp_path), str(STUCK)]
     assert parse_args(base).stack_signal == probes.DEFAULT_SIGNAL
@@ -246,7 +251,8 @@ def test_replies_behind_every_nodes_ack_are_all_read(redis_url, r, job_id):
     """Each node acks after publishing its ranks' replies; the acks (one per node) are read
     faster than the replies (one per rank): every reply in the stream's tail after the last
     ack is still read, however many reads long it is."""
-    from elastic_agent.coordination.protocol import StackReply, encode_event, encode_stack_reply
+    from elastic_agent.coordination.event_records import encode_event
+    from elastic_agent.coordination.trace_records import StackReply, encode_stack_reply
 
     keys = JobKeys(job_id)
     request = "c-0123456789ab"

@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from elastic_agent.coordination.connection import RedisUnavailableError, make_client
+from elastic_agent.coordination.keyspace import JobKeys
 from elastic_agent.coordination.ports import free_port
-from elastic_agent.coordination.protocol import JobKeys
 from elastic_agent.coordination.store import (
     RedisStore,
     StoreTimeoutError,

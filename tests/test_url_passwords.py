@@ -22,14 +22,9 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elastic_agent.coordination import connection
-from elastic_agent.coordination.connection import (
-    EndpointError,
-    make_client,
-    parse_endpoint,
-    redact,
-    redact_endpoint,
-)
+from elastic_agent.coordination import endpoints
+from elastic_agent.coordination.connection import make_client
+from elastic_agent.coordination.endpoints import EndpointError, parse_endpoint, redact, redact_endpoint
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from tests.agents import Agent
 
@@ -75,10 +70,10 @@ HOSTS = [("127.0.0.1", "127.0.0.1"), ("db.example.org", "db.example.org"), ("[::
 @pytest.fixture
 def fresh_memory() -> Iterator[None]:
     """No password remembered from other tests: only the structural rules may hide one."""
-    saved = connection._known_passwords
-    connection._known_passwords = ()
+    saved = endpoints._known_passwords
+    endpoints._known_passwords = ()
     yield
-    connection._known_passwords = saved
+    endpoints._known_passwords = saved
 
 
 def test_any_password_parses_to_the_real_host_and_never_shows(fresh_memory: None):
@@ -93,7 +88,7 @@ def test_any_password_parses_to_the_real_host_and_never_shows(fresh_memory: None
            db=st.sampled_from(["", "/3", "/0?db=2"]))
     def check(password: str, host: tuple[str, str], port: int, user: str, scheme: str,
               db: str) -> None:
-        connection._known_passwords = ()
+        endpoints._known_passwords = ()
         written, real = host
         sentinel = scheme == "redis+sentinel://"
         path = ("/mymaster" + db.replace("/0", "").replace("/3", "")) if sentinel else db
@@ -110,14 +105,14 @@ def test_any_password_parses_to_the_real_host_and_never_shows(fresh_memory: None
         seen["parsed"] += 1
         seen["parsed, '@' then '?', '/' or '#' in the password"] += raw_at_then_cut
         if sentinel:
-            hosts, _, _ = connection._sentinel_tail(
-                connection._split_scheme(ep.url)[1].rpartition("@")[2], "", False)
+            hosts, _, _ = endpoints._sentinel_tail(
+                endpoints._split_scheme(ep.url)[1].rpartition("@")[2], "", False)
             assert hosts == [(real, port)], (url, ep.url)
-            got_password = connection._url_credentials(ep.url)[1]
+            got_password = endpoints._url_credentials(ep.url)[1]
             from urllib.parse import unquote
             assert unquote(got_password or "") == password, (url, ep.url)
         else:
-            meaning = connection._meaning(ep.url)
+            meaning = endpoints._meaning(ep.url)
             assert (meaning["host"], meaning["port"]) == (real, port), (url, meaning)
             assert meaning["password"] == password, (url, meaning)
         for shown in (ep.display, str(ep), repr(ep)):
@@ -140,7 +135,7 @@ def test_any_password_parses_to_the_real_host_and_never_shows(fresh_memory: None
 ])
 def test_a_raw_password_never_gives_the_host(url: str, host: str, port: int, password: str):
     ep = parse_endpoint(url)
-    meaning = connection._meaning(ep.url)
+    meaning = endpoints._meaning(ep.url)
     assert (meaning["host"], meaning["port"], meaning["password"]) == (host, port, password)
     assert_no_piece(ep.display, password, "the display")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from elastic_agent.coordination.protocol import EventType
+from elastic_agent.coordination.event_records import EventType
 from elastic_agent.supervision.diagnosis.watchdog import (
     MAX_REQUEST_BYTES,
     TimerRequest,
@@ -28,7 +28,7 @@ from elastic_agent.supervision.diagnosis.watchdog import (
     _FifoProtocol,
     decode_request,
 )
-from elastic_agent.supervision.launch.workers import WorkerInfo
+from elastic_agent.supervision.launch.exits import WorkerInfo
 from elastic_console.job.state import JobView
 from tests.agents import Agent, wait_until
 from tests.test_agent import agent_args, events, of_type

@@ -18,17 +18,14 @@ from typing import Any
 import psutil
 import pytest
 
-from elastic_agent.supervision.launch.workers import (
-    GroupResult,
+from elastic_agent.supervision.launch.exits import GroupResult, WorkerExit, WorkerStartError, WorkerState
+from elastic_agent.supervision.launch.worker_env import (
     RankAssignment,
-    WorkerExit,
-    WorkerGroup,
     WorkerSpec,
-    WorkerStartError,
-    WorkerState,
     error_file_path,
     worker_env,
 )
+from elastic_agent.supervision.launch.workers import WorkerGroup
 from elastic_agent.supervision.records.logs import NodeLogs
 from tests.waiting import wait_until_async
 

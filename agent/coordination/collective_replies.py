@@ -2,7 +2,7 @@
 
 The same round trip as stacks (coordination/stack_replies.py): a ``collectives`` command,
 one entry per rank on ``JobKeys.collectives`` under the command's id, each decoded by
-``protocol.decode_collective_reply`` (bounded, guarded); a rank without a reply is returned
+``trace_records.decode_collective_reply`` (bounded, guarded); a rank without a reply is returned
 with an error, never left out. :func:`.collectives.analyse` reads the result.
 """
 
@@ -12,8 +12,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .collectives import RankTrace
-from .protocol import CollectiveTrace, CommandType, JobKeys, RoundInfo, decode_collective_reply
+from .command_records import CommandType
+from .keyspace import JobKeys
+from .round_records import RoundInfo
 from .stack_replies import read_replies, send_request
+from .trace_records import CollectiveTrace, decode_collective_reply
 
 
 def _decode(entry_id: Any, fields: Any) -> tuple[str, int, RankTrace] | None:

@@ -1,7 +1,7 @@
 """Which ranks a job's collectives wait for, from every rank's flight recorder (issue 22).
 
 Pure: no I/O, no torch. The input is one :class:`RankTrace` per rank (decoded by
-``protocol.decode_collective_reply``); :func:`analyse` names, per process group:
+``trace_records.decode_collective_reply``); :func:`analyse` names, per process group:
 
 * where each rank is: the newest collective it entered in that group (sequence id, op, tensor
   sizes, finished or not), grouped by position so that 32,768 ranks at one place are one line;
@@ -23,8 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .protocol import CollectiveEntry, CollectiveTrace
 from .stack_dumps import format_ranks
+from .trace_records import CollectiveEntry, CollectiveTrace
 
 #: Positions (distinct places ranks are at) and mismatches a summary carries per group.
 MAX_POSITIONS = 16

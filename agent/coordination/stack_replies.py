@@ -5,7 +5,7 @@
 ``JobKeys.stacks`` with the command's id as ``request``, then acks the command ``done``.
 :func:`read_stack_replies` reads them back (also for captures an agent made on its own, such
 as the evidence taken before a stop, by their capture id). Both the console and the agents use
-these; every entry goes through ``protocol.decode_stack_reply`` (bounded, guarded).
+these; every entry goes through ``trace_records.decode_stack_reply`` (bounded, guarded).
 
 The ranks expected are those of the job's current round (``rdzv:round``). Reading stops when
 every one answered, when every agent of the round acked the command (a rank that an agent
@@ -20,21 +20,13 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from .protocol import (
-    COMMANDS_MAXLEN,
-    Command,
-    CommandType,
-    EventType,
-    JobKeys,
-    ProtocolError,
-    RoundInfo,
-    StackReply,
-    decode_event,
-    decode_stack_reply,
-    encode_command,
-    is_request_id,
-)
+from .command_records import Command, CommandType, encode_command
+from .event_records import EventType, decode_event
+from .keyspace import COMMANDS_MAXLEN, JobKeys
+from .protocol import ProtocolError, is_request_id
+from .round_records import RoundInfo
 from .stack_dumps import RankStack, parse_faulthandler
+from .trace_records import StackReply, decode_stack_reply
 
 T = TypeVar("T")
 
@@ -121,7 +113,7 @@ async def read_replies(client: Any, job_id: str, request_id: str, stream: str,
                        expected_nodes: Iterable[str] | None = None,
                        on_reply: Callable[[int, int], None] | None = None) -> list[T]:
     """:func:`read_stack_replies` for any per-rank reply stream: ``decode(entry_id, fields)``
-    gives ``(request, rank, value)`` or None (the guarded decoder of ``protocol``);
+    gives ``(request, rank, value)`` or None (the guarded decoder of ``trace_records``);
     ``missing(rank, node, host, why)`` the value of a rank that did not answer."""
     if not is_request_id(request_id):
         raise ValueError(f"{request_id!r} is not a request id")

@@ -6,7 +6,7 @@ state lives in Redis, so it survives any single host and needs no master process
 It does not import torch: ``agent.torch_compat.TorchRedisStore`` adapts it to
 ``torch.distributed.Store`` for ``init_process_group`` and torch elastic.
 
-Layout (see ``protocol.JobKeys``)
+Layout (see ``keyspace.JobKeys``)
     One namespace is one Redis hash, ``JobKeys(job).store(namespace)``: field = store key,
     value = bytes. So ``num_keys`` is ``HLEN``, ``delete_key`` is ``HDEL``, ``add`` is
     ``HINCRBY`` and ``multi_get`` is one round trip. Every write also appends the written
@@ -39,16 +39,15 @@ from typing import Any, TypeVar
 import redis
 
 from elastic_agent.coordination.connection import (
-    Endpoint,
     RedisUnavailableError,
     describe_endpoint,
     explain_error,
     make_client,
-    parse_endpoint,
     socket_timeout_of,
 )
+from elastic_agent.coordination.endpoints import Endpoint, parse_endpoint
+from elastic_agent.coordination.keyspace import NOTIFY_MAXLEN, JobKeys
 from elastic_agent.coordination.pressure import OOM, is_oom
-from elastic_agent.coordination.protocol import NOTIFY_MAXLEN, JobKeys
 
 T = TypeVar("T")
 

@@ -38,7 +38,8 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from .connection import is_cluster, raise_if_cancelled, wait_set
+from .cluster import is_cluster
+from .connection import raise_if_cancelled, wait_set
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,13 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousTimeoutError,
 )
 
-from elastic_agent.coordination import rendezvous as rdzv
-from elastic_agent.coordination.connection import Endpoint, RedisUnavailableError
-from elastic_agent.coordination.rendezvous import RedisRendezvous, RendezvousSettings
+from elastic_agent.coordination.connection import RedisUnavailableError
+from elastic_agent.coordination.endpoints import Endpoint
+from elastic_agent.coordination.rendezvous import RedisRendezvous
+from elastic_agent.coordination.rendezvous_types import RendezvousSettings
 from elastic_agent.coordination.store import DEFAULT_TIMEOUT, RedisStore, StoreTimeoutError
+
+from . import rendezvous_types
 
 __all__ = ["LogPlan", "LogsSpecsPlugin", "TorchRedisStore"]
 
@@ -238,11 +241,11 @@ class RedisRendezvousHandler(RendezvousHandler):
     def next_rendezvous(self) -> RendezvousInfo:
         try:
             result = self._core.next_rendezvous()
-        except rdzv.RendezvousClosedError as exc:
+        except rendezvous_types.RendezvousClosedError as exc:
             raise RendezvousClosedError(str(exc)) from None
-        except rdzv.RendezvousTimeoutError as exc:
+        except rendezvous_types.RendezvousTimeoutError as exc:
             raise RendezvousTimeoutError(str(exc)) from None
-        except rdzv.RendezvousConnectionError as exc:
+        except rendezvous_types.RendezvousConnectionError as exc:
             raise RendezvousConnectionError(str(exc)) from None
         store = TorchRedisStore(RedisStore(self._core.endpoint, self._core.job_id,
                                            f"r{result.round}", self._store_timeout))

@@ -20,16 +20,12 @@ from types import FrameType
 
 import redis
 
-from ..coordination.connection import (
-    RedisUnavailableError,
-    argv_without_passwords,
-    connect,
-    make_client,
-    parse_endpoint,
-    redact,
-)
-from ..coordination.protocol import EVENTS_MAXLEN, EventType, JobKeys, ProtocolError, encode_event
-from ..coordination.rendezvous import RendezvousConnectionError, RendezvousError
+from ..coordination.connection import RedisUnavailableError, connect, make_client
+from ..coordination.endpoints import argv_without_passwords, parse_endpoint, redact
+from ..coordination.event_records import EventType, encode_event
+from ..coordination.keyspace import EVENTS_MAXLEN, JobKeys
+from ..coordination.protocol import ProtocolError
+from ..coordination.rendezvous_types import RendezvousConnectionError, RendezvousError
 from ..coordination.text import terminal_line, terminal_lines
 from .config import AgentConfig, UsageError, parse_args
 from .hosting import slurm_redis
@@ -206,7 +202,7 @@ def _still_watched(client: redis.Redis, job_id: str, checks: int = 3,
 def _run(cfg: AgentConfig, on_agent: Callable[[str], None] | None = None) -> int:
     """Run the agent; ``on_agent`` learns its node id once it exists."""
     from .elastic_agent import ElasticAgent  # after argument checks: keep --help fast
-    from .launch.workers import WorkerStartError
+    from .launch.exits import WorkerStartError
 
     try:
         connect(cfg.endpoint).close()

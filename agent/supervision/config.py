@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..coordination.connection import (
+from ..coordination.endpoints import (
     PASSWORD_ENV,
     PASSWORD_FILE_ENV,
     Endpoint,
@@ -25,8 +25,8 @@ from ..coordination.connection import (
     parse_endpoint,
     with_outside_password,
 )
-from ..coordination.protocol import InvalidJobIdError, validate_job_id
-from ..coordination.rendezvous import RendezvousSettings
+from ..coordination.keyspace import InvalidJobIdError, validate_job_id
+from ..coordination.rendezvous_types import RendezvousSettings
 from .diagnosis import restart_patterns
 from .diagnosis.recorder import DEFAULT_ENTRIES as DEFAULT_FLIGHT_RECORDER
 from .diagnosis.recorder import DEFAULT_STRAGGLER_INTERVAL
@@ -34,7 +34,7 @@ from .diagnosis.restart_patterns import PatternSettings
 from .diagnosis.stacks import parse_stack_signal
 from .hosting.slurm import SlurmEnvError, SlurmStep, check_one_task_per_node, gpus_per_node, read_step
 from .launch.probes import DEFAULT_SIGNAL as DEFAULT_STACK_SIGNAL
-from .records.logs import parse_local_ranks_filter, parse_std_spec
+from .records.log_config import parse_local_ranks_filter, parse_std_spec
 from .records.retention import DEFAULT_RETENTION_S, parse_duration
 
 
@@ -76,7 +76,7 @@ class AgentConfig:
     virtual_local_rank: bool = False
     #: torchrun's --numa-binding mode (workers wrapped with numactl by torch's own rules).
     numa_binding: str | None = None
-    #: torchrun's --duplicate-std{out,err}-filters: protocol.STDOUT/STDERR -> needles.
+    #: torchrun's --duplicate-std{out,err}-filters: log_records.STDOUT/STDERR -> needles.
     duplicate_filters: dict[str, tuple[str, ...]] = field(default_factory=dict)
     #: --rdzv-backend static: this node's fixed group rank, and the given master.
     static: StaticPlacement | None = None

@@ -1,7 +1,7 @@
 """A worker's failure as the job records it: the root-cause record, and why a node leaves.
 
 Pure data shaping, no I/O: the agent fills these from a ``WorkerExit`` (its own workers) or
-from another node's ``job_failed`` record, which arrives decoded (``protocol.py``) but may
+from another node's ``job_failed`` record, which arrives decoded (``event_records.py``) but may
 carry any JSON; only what is shown is looked at, and sizes are bounded before publishing.
 """
 
@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .launch.workers import WorkerExit
+from .launch.exits import WorkerExit
 
 
 def failure_dict(e: WorkerExit, node: str, host: str) -> dict[str, Any]:

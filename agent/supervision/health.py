@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .launch.workers import WorkerStartError
+from .launch.exits import WorkerStartError
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
 """JobClient: reads a job's streams from Redis and sends it commands. asyncio; no Textual.
 
 The console's only door to Redis. It speaks the wire contract of
-:mod:`elastic_agent.coordination.protocol` (every key comes from there) through the clients of
+:mod:`elastic_agent.coordination.protocol` (every key comes from
+:mod:`elastic_agent.coordination.keyspace`) through the clients of
 :mod:`elastic_agent.coordination.connection`:
 
 * a command client (fail fast, a couple of retries) for everything that does not block;
@@ -44,38 +45,33 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError
 
-from elastic_agent.coordination.connection import (
-    Endpoint,
-    RedisUnavailableError,
+from elastic_agent.coordination.cluster import (
     execute_on_node_of,
-    explain_error,
     give_key_ttls,
     give_ttls,
     is_cluster,
-    make_async_client,
-    parse_endpoint,
-    raise_if_cancelled,
     scan_batches,
 )
-from elastic_agent.coordination.protocol import (
+from elastic_agent.coordination.command_records import Command, CommandType, encode_command
+from elastic_agent.coordination.connection import (
+    RedisUnavailableError,
+    explain_error,
+    make_async_client,
+    raise_if_cancelled,
+)
+from elastic_agent.coordination.endpoints import Endpoint, parse_endpoint
+from elastic_agent.coordination.event_records import Event, EventType, decode_event
+from elastic_agent.coordination.keyspace import (
     COMMANDS_MAXLEN,
     JOBS_INDEX,
-    Command,
-    CommandType,
-    Event,
-    EventType,
     InvalidJobIdError,
     JobKeys,
-    LogBatch,
-    ProtocolError,
-    RoundInfo,
     console_client_name,
-    decode_event,
-    decode_json,
-    decode_log_entries,
-    encode_command,
     validate_job_id,
 )
+from elastic_agent.coordination.log_records import LogBatch, decode_log_entries
+from elastic_agent.coordination.protocol import ProtocolError, decode_json
+from elastic_agent.coordination.round_records import RoundInfo
 from elastic_agent.coordination.text import sanitize
 
 from .attempts import AttemptLogs, read_attempt
@@ -89,7 +85,8 @@ from .follow import (
     _is_wrongtype,
     _s,
 )
-from .state import FINAL_STATES, ConnectionChange, JobView
+from .model import FINAL_STATES
+from .state import ConnectionChange, JobView
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from elastic_agent.coordination.collective_replies import (
     request_collectives,
 )
 from elastic_agent.coordination.collectives import RankTrace, analyse, summary_lines
-from elastic_agent.coordination.connection import Endpoint
+from elastic_agent.coordination.endpoints import Endpoint
 from elastic_agent.coordination.stack_replies import current_round
 
 from .client import issuer

@@ -20,14 +20,9 @@ import redis.asyncio as aioredis
 from redis.crc import key_slot
 
 from elastic_agent.coordination.connection import raise_if_cancelled
-from elastic_agent.coordination.protocol import (
-    Event,
-    EventType,
-    JobKeys,
-    LogBatch,
-    LogEntryDecoder,
-    decode_event,
-)
+from elastic_agent.coordination.event_records import Event, EventType, decode_event
+from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.log_records import LogBatch, LogEntryDecoder
 
 from .state import ConnectionChange, Skipped
 

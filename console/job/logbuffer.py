@@ -35,8 +35,7 @@ EDITS_KEPT = 1024
 class LogLine(NamedTuple):
     """One line of a worker's output.
 
-    Field-compatible with :class:`elastic_console.job.state.LogLine` (same names, same
-    order): the view only reads the four positions, so any such 4-tuple may be stored.
+    The view only reads the four positions, so any such 4-tuple may be stored.
     """
 
     server_ms: int

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_agent.coordination.connection import Endpoint, make_async_client
-from elastic_agent.coordination.protocol import RoundInfo
+from elastic_agent.coordination.connection import make_async_client
+from elastic_agent.coordination.endpoints import Endpoint
+from elastic_agent.coordination.round_records import RoundInfo
 from elastic_agent.coordination.stack_dumps import (
     RankStack,
     StackGroup,

@@ -12,11 +12,11 @@ from typing import Any
 
 from textual import work
 
+from elastic_agent.coordination.command_records import CommandType
 from elastic_agent.coordination.connection import RedisUnavailableError
-from elastic_agent.coordination.protocol import CommandType
 
 from ..job.client import Ack
-from ..job.state import FINAL_STATES, RUNNING
+from ..job.model import FINAL_STATES, RUNNING
 from .messages import AckArrived, CommandFinished, CommandSent
 from .widgets.dialogs import CommandDialog
 

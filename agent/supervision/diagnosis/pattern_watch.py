@@ -8,7 +8,7 @@ history, so each pattern event is written once per restart by exactly one agent.
 Cost: that agent makes 3 round trips per restart (TIME and the progress mark; then LPUSH,
 LTRIM and LRANGE of at most ``HISTORY_CAP`` entries in one MULTI; then one HSET or HDEL), and
 an SADD per excluded node: O(1) in the job's size, in the background of the restart unless
-its answer decides what comes next (elastic_agent._round_ended). Every other agent makes one
+its answer decides what comes next (restart_path._round_ended). Every other agent makes one
 SISMEMBER per round (am I excluded?) and one HEXISTS when the job failed (the exit status):
 O(1) per node per restart, nothing per interval. The history key holds at most ``HISTORY_CAP`` entries of
 under 1 KiB each.
@@ -22,8 +22,9 @@ from typing import Any
 
 import redis
 
-from elastic_agent.coordination import protocol
-from elastic_agent.coordination.protocol import EventType, JobKeys
+from elastic_agent.coordination import round_records
+from elastic_agent.coordination.event_records import EventType
+from elastic_agent.coordination.keyspace import JobKeys
 
 from .restart_patterns import (
     DO_NOT_REQUEUE,
@@ -86,14 +87,14 @@ class PatternWatch:
         if progress_grace_ms is not None:
             text = newest.decode("ascii", "replace") if isinstance(newest, bytes) else newest
             made = progressed(text, round_, started_ms, progress_grace_ms)
-        named = tuple(sorted({n for n in nodes if n}))[:protocol.MAX_ROUND_END_NODES]
+        named = tuple(sorted({n for n in nodes if n}))[:round_records.MAX_ROUND_END_NODES]
         end = RoundEnd(round_, now_ms, reason, named, made)
         pipe = self.client.pipeline(transaction=True)
         pipe.lpush(k.restart_history, end.to_json())
         pipe.ltrim(k.restart_history, 0, HISTORY_CAP - 1)
         pipe.lrange(k.restart_history, 0, HISTORY_CAP - 1)
         *_, raw = await pipe.execute()
-        history = [RoundEnd.from_record(d) for d in map(protocol.decode_round_end, raw or [])
+        history = [RoundEnd.from_record(d) for d in map(round_records.decode_round_end, raw or [])
                    if d is not None]
         found = analyse(history, now_ms, self.settings)
         excluded = await self._exclude(found, group_world_size, min_nodes)

@@ -9,7 +9,7 @@ CPU build; NCCL too: README, "Below the Python stack"). The worker bootstrap sta
 private runtime directory (``probes.runtime_dir``, 0700) before the worker starts, named by
 ``ELASTIC_RECORDER``. The agent asks ``trace`` (the recorder, reduced to the newest entries
 of each group) or ``sample`` (the straggler sampler's counts); each answer is a 4-byte length
-and JSON of at most ``protocol.MAX_TRACE_BYTES``, decoded by ``protocol`` (the worker is
+and JSON of at most ``trace_records.MAX_TRACE_BYTES``, decoded by ``trace_records`` (the worker is
 untrusted input).
 
 A rank blocked inside a collective answers: the collective waits with the GIL released, and
@@ -25,9 +25,10 @@ from typing import Any
 
 import redis
 
-from elastic_agent.coordination import protocol
+from elastic_agent.coordination import keyspace, trace_records
 from elastic_agent.coordination.collectives import RankTrace, analyse, event_record
-from elastic_agent.coordination.protocol import CollectiveReply, CollectiveTrace, ProtocolError
+from elastic_agent.coordination.protocol import ProtocolError
+from elastic_agent.coordination.trace_records import CollectiveReply, CollectiveTrace
 
 from ..launch import probes
 from ..records.reply_publisher import ReplyPublisher
@@ -67,7 +68,7 @@ def to_trace(answer: bytes | str) -> CollectiveTrace:
     if isinstance(answer, str):
         return CollectiveTrace(error=answer)
     try:
-        return protocol.decode_collective_trace(answer)
+        return trace_records.decode_collective_trace(answer)
     except ProtocolError as exc:
         return CollectiveTrace(error=f"unreadable trace from the worker: {exc}")
 
@@ -95,8 +96,8 @@ class RecorderCollector(ReplyPublisher):
 
     async def publish(self, request_id: str, replies: Iterable[CollectiveReply]) -> None:
         """One entry per rank on the job's collectives stream. Raises redis errors / OSError."""
-        await self._publish(self.keys.collectives, protocol.COLLECTIVES_MAXLEN, (
-            protocol.encode_collective_reply(
+        await self._publish(self.keys.collectives, keyspace.COLLECTIVES_MAXLEN, (
+            trace_records.encode_collective_reply(
                 CollectiveReply(request_id, r.node, r.host, r.rank, r.pid, r.trace))
             for r in replies))
 

@@ -62,7 +62,7 @@ class RoundEnd:
 
     @classmethod
     def from_record(cls, d: dict[str, Any]) -> RoundEnd:
-        """From ``protocol.decode_round_end``'s checked dict."""
+        """From ``round_records.decode_round_end``'s checked dict."""
         return cls(d["round"], d["ms"], d["reason"], tuple(d["nodes"]), d["progressed"])
 
 

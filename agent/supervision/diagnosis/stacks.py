@@ -49,7 +49,7 @@ from typing import Any
 
 import redis
 
-from elastic_agent.coordination import protocol
+from elastic_agent.coordination import keyspace, trace_records
 from elastic_agent.coordination.stack_dumps import (
     Frame,
     RankStack,
@@ -131,8 +131,8 @@ class StackCollector(ReplyPublisher):
 
     async def publish(self, request_id: str, stacks: Iterable[RankStack]) -> None:
         """One entry per rank on the job's stacks stream. Raises redis errors / OSError."""
-        await self._publish(self.keys.stacks, protocol.STACKS_MAXLEN, (
-            protocol.encode_stack_reply(protocol.StackReply(
+        await self._publish(self.keys.stacks, keyspace.STACKS_MAXLEN, (
+            trace_records.encode_stack_reply(trace_records.StackReply(
                 request=request_id, node=self.node, host=self.host, rank=s.rank, pid=s.pid,
                 text=render_faulthandler(s.threads), error=s.error))
             for s in stacks))

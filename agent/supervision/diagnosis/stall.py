@@ -30,7 +30,7 @@ The claimer captures every rank's stacks through the ``stacks`` command (job-wid
 coordination/stack_replies.py), groups them and publishes a ``stalled`` event naming the odd
 ranks: those outside the largest group of identical stacks (the ranks everybody else waits
 for). Then ``--on-stall`` decides: ``observe`` goes on watching, ``restart`` and ``stop`` are
-the agent's (elastic_agent.py).
+the agent's (restart_path.py).
 
 CPU time has no event to wait on: the meter samples every ``interval`` (a quarter of the
 timeout, at most ``MAX_INTERVAL_S``); that is also how often each agent writes to Redis.
@@ -50,8 +50,9 @@ import psutil
 import redis
 
 from elastic_agent.coordination import collective_replies, collectives, stack_replies
+from elastic_agent.coordination.event_records import EventType
+from elastic_agent.coordination.keyspace import JobKeys
 from elastic_agent.coordination.lua import LuaScript
-from elastic_agent.coordination.protocol import EventType, JobKeys
 from elastic_agent.coordination.stack_dumps import StackGroup, format_ranks, group_record, group_stacks
 
 from ..loops import Cadence
@@ -211,7 +212,7 @@ def odd_groups(groups: Sequence[StackGroup]) -> list[StackGroup]:
 
 def stalled_event_data(groups: Sequence[StackGroup], request: str, idle_ms: int, policy: str,
                        round_: int) -> dict[str, Any]:
-    """The ``stalled`` event's fields (see protocol.EventType.STALLED)."""
+    """The ``stalled`` event's fields (see event_records.EventType.STALLED)."""
     odd = odd_groups(groups)
     return {
         "request": request,

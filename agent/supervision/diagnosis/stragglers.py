@@ -36,8 +36,10 @@ from typing import Any
 
 import redis
 
-from elastic_agent.coordination import protocol
-from elastic_agent.coordination.protocol import EventType, JobKeys, ProtocolError
+from elastic_agent.coordination import trace_records
+from elastic_agent.coordination.event_records import EventType
+from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.protocol import ProtocolError
 from elastic_agent.coordination.stack_replies import current_round, hosts_by_rank
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,7 @@ def shares(answers: list[tuple[int, int, bytes | str]]) -> dict[int, float]:
         if isinstance(answer, str):
             continue
         try:
-            n, busy, _window = protocol.decode_busy_sample(answer)
+            n, busy, _window = trace_records.decode_busy_sample(answer)
         except ProtocolError:
             continue
         if n >= MIN_SAMPLES:

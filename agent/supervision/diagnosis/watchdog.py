@@ -65,9 +65,10 @@ from typing import Any
 
 import psutil
 
-from elastic_agent.coordination.protocol import EventType
+from elastic_agent.coordination.event_records import EventType
 
-from ..launch.workers import GroupResult, WorkerExit, WorkerGroup, WorkerStartError
+from ..launch.exits import GroupResult, WorkerExit, WorkerStartError
+from ..launch.workers import WorkerGroup
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import redis
 
 from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.protocol import console_client_name
+from elastic_agent.coordination.keyspace import console_client_name
 
 from .slurm import SlurmStep, node_address, redis_port
 from .standalone import RedisServer

@@ -35,9 +35,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from elastic_agent.coordination import protocol
+from elastic_agent.coordination import trace_records
 
-from ..records.logs import open_private_dir
+from ..records.log_files import open_private_dir
 from . import zygote
 
 DEFAULT_SIGNAL = signal.SIGRTMIN + 4
@@ -213,7 +213,7 @@ class StackPipe(asyncio.Protocol):
         buf = self._buf
         if buf is None:
             return  # nobody asked: dropped, so the worker never blocks on a full pipe
-        room = protocol.MAX_STACK_TEXT_BYTES - len(buf)
+        room = trace_records.MAX_STACK_TEXT_BYTES - len(buf)
         if len(data) > room:
             self._cut = True
         buf += data[:max(0, room)]
@@ -325,7 +325,7 @@ class RecorderLink:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         link.server = await asyncio.start_unix_server(link._accept, path=str(path),
-                                                      limit=protocol.MAX_TRACE_BYTES * 2)
+                                                      limit=trace_records.MAX_TRACE_BYTES * 2)
         os.chmod(path, 0o600)
         return link
 
@@ -357,9 +357,9 @@ class RecorderLink:
         writer.write(request.encode() + b"\n")
         await writer.drain()
         size = struct.unpack(">I", await reader.readexactly(4))[0]
-        if size > protocol.MAX_TRACE_BYTES:
+        if size > trace_records.MAX_TRACE_BYTES:
             self._drop()
-            return f"the worker's answer is {size} bytes (at most {protocol.MAX_TRACE_BYTES})"
+            return f"the worker's answer is {size} bytes (at most {trace_records.MAX_TRACE_BYTES})"
         return await reader.readexactly(size)
 
     def _drop(self) -> None:

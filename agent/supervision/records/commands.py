@@ -16,8 +16,9 @@ from collections.abc import AsyncIterator, Callable
 import redis
 import redis.asyncio as aioredis
 
+from elastic_agent.coordination.command_records import MAX_COMMAND_ID_CHARS, Command, decode_command
 from elastic_agent.coordination.connection import raise_if_cancelled
-from elastic_agent.coordination.protocol import MAX_COMMAND_ID_CHARS, Command, JobKeys, decode_command
+from elastic_agent.coordination.keyspace import JobKeys
 
 log = logging.getLogger(__name__)
 

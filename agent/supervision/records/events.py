@@ -20,8 +20,9 @@ from typing import Any, TextIO
 import psutil
 import redis.asyncio as aioredis
 
-from elastic_agent.coordination import protocol
-from elastic_agent.coordination.protocol import RESTART_PHASES, EventType, JobKeys
+from elastic_agent.coordination import event_records, keyspace
+from elastic_agent.coordination.event_records import RESTART_PHASES, EventType
+from elastic_agent.coordination.keyspace import JobKeys
 
 from ..loops import Cadence
 from .publisher import StreamPublisher
@@ -49,8 +50,8 @@ class EventSink:
             raise ValueError(f"unknown event type {event_type!r}")
         self._seq += 1
         self._publisher.publish(
-            self._key, protocol.encode_event(event_type, self.node_id, data, self._seq),
-            protocol.EVENTS_MAXLEN, droppable=False)
+            self._key, event_records.encode_event(event_type, self.node_id, data, self._seq),
+            keyspace.EVENTS_MAXLEN, droppable=False)
         if self._echo is not None:
             line = json.dumps({"name": f"elastic_agent.{event_type}", "source": "AGENT",
                                "timestamp": int(time.time() * 1000),

@@ -1,6 +1,6 @@
 """What the agent's answers to per-rank requests (``stacks``, ``collectives``) share: who
 answers, and how the replies go out: one stream entry per rank, in one pipeline, on a stream
-whose cap grows with the job (``protocol.replies_maxlen``: one request of every rank fits).
+whose cap grows with the job (``keyspace.replies_maxlen``: one request of every rank fits).
 Cost per node and request: one round trip of its own ranks' entries, whatever the job's size.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from elastic_agent.coordination import protocol
+from elastic_agent.coordination import keyspace
 
 
 class ReplyPublisher:
@@ -21,7 +21,7 @@ class ReplyPublisher:
                  host: str) -> None:
         self.group = group  # the WorkerGroup whose workers answer
         self.client = client
-        self.keys = protocol.JobKeys(job_id)
+        self.keys = keyspace.JobKeys(job_id)
         self.node = node
         self.host = host
         #: The job's ranks in the current round (the agent sets it): sizes the stream's cap.
@@ -31,7 +31,7 @@ class ReplyPublisher:
                        entries: Iterable[Mapping[str, str]]) -> None:
         """Append ``entries`` to ``stream`` in one round trip. Raises redis errors / OSError."""
         pipe = self.client.pipeline(transaction=False)
-        maxlen = protocol.replies_maxlen(floor, self.world_size)
+        maxlen = keyspace.replies_maxlen(floor, self.world_size)
         n = 0
         for fields in entries:
             pipe.xadd(stream, dict(fields), maxlen=maxlen, approximate=True)

@@ -21,7 +21,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Log, Static
 
-from elastic_agent.coordination.connection import Endpoint
+from elastic_agent.coordination.endpoints import Endpoint
 from elastic_agent.coordination.text import sanitize, strip_sgr
 from elastic_console.job.attempts import AttemptLogs
 from elastic_console.job.client import JobClient

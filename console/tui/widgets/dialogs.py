@@ -26,7 +26,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
 from elastic_console.job.client import Ack
-from elastic_console.job.state import TimelineEntry
+from elastic_console.job.model import TimelineEntry
 
 from .common import fmt_clock, safe_text
 

@@ -33,13 +33,12 @@ How it stays fast at 50k lines/s over a 200k-line buffer:
 * Only the visible rows are rendered (``render_line``). The LRU cache holds each line's full,
   uncropped rendering as segments, keyed by its absolute ``seq`` (stable when older lines fall
   off), in the line's own styles; the widget's base style (focus tints it) is added and the
-  row's Strip made per frame (see ``_Rendered``). It is cleared when the prefix columns
+  row's Strip made per frame (see :class:`~.log_lines.Rendered`). It is cleared when the prefix columns
   change. A frame is drawn only when the rows on screen changed (``_repaint_if_moved``).
 
-Untrusted text: every line goes through :func:`~elastic_agent.coordination.text.sanitize` and is
-turned into Rich ``Text`` with ``Text.from_ansi`` (SGR colours kept) or plain ``Text``:
-never markup. ``[bold]x[/bold]`` shows as those characters; ``ESC ] 0 ; title BEL`` shows as
-``\\x1b]0;title\\x07``. Tabs are expanded (a raw tab would move the terminal's cursor).
+Untrusted text: every line is made safe (sanitized, never markup) by
+:func:`~.log_lines.build_text` (see :mod:`.log_lines`). The visible index is
+:mod:`.log_index`'s (a mixin of the widget); the rest is here.
 """
 
 from __future__ import annotations
@@ -48,17 +47,14 @@ import asyncio
 import re
 import time
 from array import array
-from bisect import bisect_left, bisect_right
-from collections.abc import Awaitable, Callable, Iterator
-from itertools import accumulate, compress, repeat
-from operator import and_, eq, itemgetter, not_
+from bisect import bisect_left
+from collections.abc import Awaitable, Callable
 from types import EllipsisType
 from typing import ClassVar
 
 from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
-from rich.text import Text
 from textual import events
 from textual.actions import SkipAction
 from textual.binding import Binding, BindingType
@@ -69,18 +65,27 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widget import Widget
 
-from elastic_agent.coordination.text import sanitize, strip_sgr
+from elastic_agent.coordination.text import sanitize
 from elastic_console.job.logbuffer import LogBuffer, LogLine, LogRing
 
 from .common import fit_row
+from .log_index import LINE_TEXT, VisibleIndex
+from .log_lines import (
+    ERR_TEXT_STYLE,
+    MAX_LINE_CELLS,
+    TS_ERR_STYLE,
+    TS_STYLE,
+    RenderCache,
+    Rendered,
+    TimestampFormatter,
+    build_text,
+    cells_of,
+    rank_style,
+    styled,
+)
 
 __all__ = ["LogBuffer", "LogLine", "LogView"]
 
-#: Raw characters of one line that are looked at; the rest is cut (and a "…" shown).
-MAX_LINE_CHARS = 4_000
-#: Cells of one line that are shown (after sanitizing, which can lengthen a line).
-MAX_LINE_CELLS = 4_000
-TAB_SIZE = 8
 #: A rescan (filter, wrap or source change) goes backwards from the newest line in chunks of
 #: this many lines; the first slice takes at least SCAN_FIRST_LINES (a screenful of matches,
 #: usually), later slices about SCAN_SLICE_S each, SCAN_PAUSE_S apart (other events run then).
@@ -88,174 +93,9 @@ SCAN_CHUNK_LINES = 2_048
 SCAN_FIRST_LINES = 4_096
 SCAN_SLICE_S = 0.003
 SCAN_PAUSE_S = 0.003
-_ELLIPSIS = "…"
-
-#: Rank tag colours, chosen to be told apart on dark and light themes; red is left to stderr.
-RANK_PALETTE: tuple[str, ...] = (
-    "#5fafff", "#ffaf5f", "#87d787", "#d787d7", "#5fd7d7", "#ffd75f",
-    "#af87ff", "#87afaf", "#d7af87", "#87d7ff", "#afd75f", "#ff87d7",
-)
-_RANK_STYLES = tuple(Style(color=c, bold=True) for c in RANK_PALETTE)
-_TS_STYLE = Style(dim=True)
-_TS_ERR_STYLE = Style(color="#d75f5f", dim=True)
-_ERR_TEXT_STYLE = Style(color="#ff8787")
-_CUT_STYLE = Style(dim=True, reverse=True)
-
-_RANK = itemgetter(1)
-_STREAM = itemgetter(2)
-_TEXT = itemgetter(3)
 
 
-def visible_text(raw: str) -> str:
-    """What the user reads of a line, without colours: what ``pattern`` is matched against.
-
-    That is ``strip_sgr(sanitize(raw))``. Shortcut: when nothing unprintable is left once the
-    SGR sequences are gone, every ESC started one of them and sanitize would change nothing.
-    (The other order is not the same: in ``ESC [3 ESC [1m m`` removing the inner SGR first
-    makes a new, real SGR sequence out of what the user sees as ``\x1b[3m``.)
-    """
-    plain = strip_sgr(raw)
-    if plain.isprintable():
-        return plain
-    return strip_sgr(sanitize(raw))
-
-
-def rank_style(rank: object) -> Style:
-    """The stable tag style of a rank (palette colour by ``rank % len(palette)``)."""
-    return _RANK_STYLES[rank % len(_RANK_STYLES)] if type(rank) is int else _RANK_STYLES[0]
-
-
-def build_text(raw: str) -> Text:
-    """A line as Rich ``Text``: sanitized, SGR colours kept, tabs expanded, never markup.
-
-    The Text has no base style (``Text.render`` ignores it when there are no spans): the
-    caller applies one under the segments' own styles (``Strip.apply_style``).
-    """
-    cut = len(raw) > MAX_LINE_CHARS
-    s = sanitize(raw[:MAX_LINE_CHARS] if cut else raw)
-    # After sanitize, an ESC can only start an SGR sequence: plain text skips the decoder.
-    text = Text.from_ansi(s, no_wrap=True, end="") if "\x1b" in s else Text(s, no_wrap=True, end="")
-    if "\t" in s:
-        text.expand_tabs(TAB_SIZE)
-    if text.cell_len > MAX_LINE_CELLS:
-        text.truncate(MAX_LINE_CELLS)
-        cut = True
-    if cut:
-        text.append(_ELLIPSIS, _CUT_STYLE)
-    return text
-
-
-def text_cells(raw: str) -> int:
-    """Cell width of :func:`build_text` ``(raw)``, cheaply (exactly the same number)."""
-    cut = len(raw) > MAX_LINE_CHARS
-    s = raw[:MAX_LINE_CHARS] if cut else raw
-    if s.isascii() and s.isprintable():  # the common case: one cell per character
-        cells = len(s)
-    else:
-        # Without its SGR sequences, a line with nothing else unprintable is shown as is.
-        plain = strip_sgr(s) if "\x1b" in s else s
-        if plain.isascii() and plain.isprintable():
-            cells = len(plain)
-        elif "\t" in plain:  # tab stops depend on the columns before them: measure the real thing
-            return build_text(raw).cell_len
-        else:
-            cells = cell_len(visible_text(s))
-    if cells > MAX_LINE_CELLS:
-        return MAX_LINE_CELLS + 1
-    return cells + cut
-
-
-def cells_of(texts: list[str]) -> list[int]:
-    """:func:`text_cells` of many lines; plain ASCII lines are measured at C speed."""
-    cells = list(map(len, texts))
-    simple = map(and_, map(str.isascii, texts), map(str.isprintable, texts))
-    for i in compress(range(len(texts)), map(not_, simple)):
-        cells[i] = text_cells(texts[i])
-    if cells and max(cells) > MAX_LINE_CHARS:
-        for i, n in enumerate(cells):
-            if n > MAX_LINE_CHARS:
-                cells[i] = text_cells(texts[i])
-    return cells
-
-
-class _TimestampFormatter:
-    """``server_ms -> 'HH:MM:SS.mmm'`` with the per-second part cached."""
-
-    def __init__(self, utc: bool) -> None:
-        self.utc = utc
-        self._cache: dict[int, str] = {}
-
-    def __call__(self, ms: object) -> str:
-        try:
-            sec, milli = divmod(int(ms), 1000)  # type: ignore[call-overload]
-            hms = self._cache.get(sec)
-            if hms is None:
-                if len(self._cache) > 8192:
-                    self._cache.clear()
-                t = time.gmtime(sec) if self.utc else time.localtime(sec)
-                hms = self._cache[sec] = time.strftime("%H:%M:%S", t)
-        except (TypeError, ValueError, OverflowError, OSError):
-            return "??:??:??.???"
-        return f"{hms}.{milli:03d}"
-
-
-class _Rendered:
-    """Cached rendering of one line: styled segments of its prefix and text.
-
-    Their styles are the line's own (colours, the rank tag's, stderr's), without the widget's
-    base style, which each frame adds (``_styled``): focus changes the base (a tint), and a
-    cache that held it was thrown away and re-rendered on every ``tab``.
-
-    Segments only, never a ``Strip``: a Strip soon refers to itself through its own caches
-    (``divide``, ``crop``), so one kept for longer than a frame survives into the oldest
-    generation and is then freed only by a full collection, a pause that grows with every
-    line shown. Strips are made per frame and die young.
-    """
-
-    __slots__ = ("prefix", "prefix_width", "text", "text_width")
-
-    def __init__(self, prefix: list[Segment], prefix_width: int, text: list[Segment],
-                 text_width: int) -> None:
-        self.prefix = prefix
-        self.prefix_width = prefix_width
-        self.text = text
-        self.text_width = text_width
-
-
-class _RenderCache:
-    """``seq -> _Rendered``, least recently used out. A plain dict (insertion ordered):
-    unlike a linked-list LRU, dropping it or an entry leaves no reference cycle behind."""
-
-    __slots__ = ("_d", "_max")
-
-    def __init__(self, maxsize: int) -> None:
-        self._d: dict[int, _Rendered] = {}
-        self._max = maxsize
-
-    def get(self, seq: int) -> _Rendered | None:
-        d = self._d
-        value = d.pop(seq, None)
-        if value is not None:
-            d[seq] = value  # most recent last
-        return value
-
-    def put(self, seq: int, value: _Rendered) -> None:
-        d = self._d
-        d[seq] = value
-        if len(d) > self._max:
-            del d[next(iter(d))]
-
-    def discard(self, seq: int) -> None:
-        self._d.pop(seq, None)
-
-    def clear(self) -> None:
-        self._d = {}
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-
-class LogView(ScrollView, can_focus=True):
+class LogView(VisibleIndex, ScrollView, can_focus=True):
     """Live log lines of one rank or all ranks interleaved, with filters and follow mode.
 
     Give it a :class:`LogRing` (``source``) and call :meth:`on_new_lines` after appending.
@@ -336,8 +176,8 @@ class LogView(ScrollView, can_focus=True):
     ) -> None:
         super().__init__(name=name, id=id, classes=classes, disabled=disabled)
         self._source: LogRing | None = source
-        self._format_ts = _TimestampFormatter(utc)
-        self._cache = _RenderCache(max(64, cache_size))
+        self._format_ts = TimestampFormatter(utc)
+        self._cache = RenderCache(max(64, cache_size))
         # The visible index (see module docstring). Entries below _off are dead.
         self._seqs = array("q")
         self._off = 0
@@ -389,52 +229,8 @@ class LogView(ScrollView, can_focus=True):
 
     @utc.setter
     def utc(self, value: bool) -> None:
-        self._format_ts = _TimestampFormatter(bool(value))
+        self._format_ts = TimestampFormatter(bool(value))
         self._restyle()
-
-    @property
-    def line_count(self) -> int:
-        """Lines that pass the filters and are still in the buffer."""
-        return len(self._seqs) - self._off
-
-    @property
-    def row_count(self) -> int:
-        """Rows those lines take (== line_count unless wrapping)."""
-        if self._text_width:
-            return self._cum[-1] - self._cum[self._off]
-        return len(self._seqs) - self._off
-
-    def visible_seqs(self) -> list[int]:
-        """Absolute ``seq`` of every line that passes the filters, oldest first."""
-        return self._seqs[self._off:].tolist()
-
-    def visible_lines(self) -> Iterator[LogLine]:
-        """Every line that passes the filters, oldest first."""
-        src = self._source
-        if src is None:
-            return
-        first = src.first_seq
-        for seq in self._seqs[self._off:]:
-            if seq >= first:  # (lines dropped since the last on_new_lines are skipped)
-                yield src.get(seq)
-
-    def line_at_row(self, row: int) -> tuple[int, int] | None:
-        """``(seq, sub_row)`` of the line at virtual row ``row``, or None past the end."""
-        off = self._off
-        n = len(self._seqs)
-        if row < 0 or off >= n:
-            return None
-        if self._text_width:
-            cum = self._cum
-            target = cum[off] + row
-            if target >= cum[-1]:
-                return None
-            i = bisect_right(cum, target, off, n + 1) - 1
-            return self._seqs[i], target - cum[i]
-        i = off + row
-        if i >= n:
-            return None
-        return self._seqs[i], 0
 
     def set_filters(
         self,
@@ -504,100 +300,6 @@ class LogView(ScrollView, can_focus=True):
             return 0
         return max(8, width - self._prefix_width())
 
-    def _select(self, a: int, b: int) -> tuple[range | list[int], list[LogLine]]:
-        """Seqs and lines in ``[a, b)`` that pass the filters."""
-        assert self._source is not None
-        lines = self._source.lines_between(a, b)
-        a = max(a, self._source.first_seq)
-        seqs: range | list[int] = range(a, a + len(lines))
-        rank = self.rank_filter
-        if rank is not None and lines:
-            mask = list(map(eq, map(_RANK, lines), repeat(rank)))
-            seqs, lines = list(compress(seqs, mask)), list(compress(lines, mask))
-        if self.stderr_only and lines:
-            mask = list(map(eq, map(_STREAM, lines), repeat("err")))
-            seqs, lines = list(compress(seqs, mask)), list(compress(lines, mask))
-        pattern = self.pattern
-        if pattern is not None and lines:
-            # A printable line is shown as it is (sanitize and strip_sgr would not change it).
-            shown = [t if t.isprintable() else visible_text(t) for t in map(_TEXT, lines)]
-            matches = list(map(pattern.search, shown))  # compress() keeps the truthy matches
-            seqs, lines = list(compress(seqs, matches)), list(compress(lines, matches))
-        return seqs, lines
-
-    def _measure(self, lines: list[LogLine]) -> tuple[bool, list[int] | None]:
-        """Widen the rank column and the scroll width for ``lines`` about to be indexed.
-        Returns whether the rank column grew, and the lines' cell widths when wrapping."""
-        grew = False
-        try:  # (kept up to date while the tags are hidden too, for when they are shown)
-            widest = max(len(str(r)) for r in (max(map(_RANK, lines)), min(map(_RANK, lines))))
-        except TypeError:  # a malformed rank that does not compare; it shows as text
-            widest = self._digits
-        if widest > self._digits:
-            self._digits = widest
-            grew = True
-        if self._text_width:
-            return grew, cells_of(list(map(_TEXT, lines)))
-        # The scroll width from character counts (C speed): exact for plain ASCII, a little
-        # generous for coloured lines; wide characters, tabs and escapes can make a line
-        # wider than its length, which render_line corrects when such a line is shown.
-        widest = max(map(len, map(_TEXT, lines)))
-        if widest > self._max_cells:
-            self._max_cells = min(widest, MAX_LINE_CELLS + 1)
-        return grew, None
-
-    def _append(self, a: int, b: int) -> bool:
-        """Index the lines ``[a, b)`` after those indexed. True if the rank column grew."""
-        seqs, lines = self._select(a, b)
-        if not lines:
-            return False
-        grew, cells = self._measure(lines)
-        self._seqs.extend(seqs)
-        if cells is not None:
-            self._cells.extend(cells)
-            self._extend_cum(cells)
-        return grew
-
-    def _prepend(self, a: int, b: int) -> tuple[int, bool]:
-        """Index the lines ``[a, b)``, all older than those indexed (the backward rescan).
-        Returns the rows they take and whether the rank column grew."""
-        seqs, lines = self._select(a, b)
-        if not lines:
-            return 0, False
-        grew, cells = self._measure(lines)
-        off = self._off
-        if off:  # dead entries sit in front: drop them so the new ones go right before the live
-            del self._seqs[:off]
-            if self._text_width:
-                del self._cells[:off]
-                del self._cum[:off]
-            self._off = 0
-        self._seqs[0:0] = array("q", seqs)
-        if cells is None:
-            return len(seqs), grew
-        tw = self._text_width
-        heights = [(c + tw - 1) // tw or 1 for c in cells]
-        rows = sum(heights)
-        # cum is absolute only up to a constant: count down from the current first entry
-        head = array("q", accumulate(heights, initial=self._cum[0] - rows))
-        head.pop()  # == the current cum[0]
-        self._cum[0:0] = head
-        self._cells[0:0] = array("q", cells)
-        return rows, grew
-    def _extend_cum(self, cells: list[int] | array) -> None:
-        if not cells:
-            return
-        tw = self._text_width
-        cum = self._cum
-        last = cum[-1]
-        if max(cells) <= tw:  # every line fits on one row
-            cum.extend(range(last + 1, last + 1 + len(cells)))
-            return
-        tw1 = tw - 1
-        rows = accumulate([(c + tw1) // tw or 1 for c in cells], initial=last)
-        next(rows)
-        cum.extend(rows)
-
     def _fold_edits(self, src: LogRing) -> bool:
         """Take in the lines ``src`` replaced since the last look (see the module doc).
         True if one of them is indexed; sets ``_stale`` when only a rescan will do (a
@@ -621,7 +323,7 @@ class LogView(ScrollView, can_focus=True):
             if not held:
                 continue
             indexed = True
-            text = _TEXT(src.get(seq))
+            text = LINE_TEXT(src.get(seq))
             if self._text_width and len(self._cells) != len(self._seqs):
                 self._stale = True  # widths never measured (see _rewrap): measure them all
                 return False
@@ -640,22 +342,6 @@ class LogView(ScrollView, can_focus=True):
             if top is not None and top[0] <= seq and (bottom is None or seq <= bottom[0]):
                 self._look += 1  # on screen: the same rows, drawn anew
         return indexed
-
-    def _drop_front(self, first_seq: int) -> int:
-        """Forget indexed lines that fell off the buffer. Returns the rows they took."""
-        seqs, off = self._seqs, self._off
-        if off >= len(seqs) or seqs[off] >= first_seq:
-            return 0
-        new_off = bisect_left(seqs, first_seq, off)
-        rows = self._cum[new_off] - self._cum[off] if self._text_width else new_off - off
-        self._off = new_off
-        if new_off > 4096 and new_off * 2 > len(seqs):  # compact: amortized O(1) per line
-            del seqs[:new_off]
-            if self._text_width:
-                del self._cells[:new_off]
-                del self._cum[:new_off]
-            self._off = 0
-        return rows
 
     def _rebuild(self, keep_position: bool) -> None:
         """Rescan the buffer into the index (filters, wrap or source changed).
@@ -743,11 +429,6 @@ class LogView(ScrollView, can_focus=True):
             if self.yield_to is not None:
                 await self.yield_to()
             self._scan_slice(gen=gen)
-
-    def _recompute_cum(self) -> None:
-        # Heights of dead entries (< _off) are harmless: rows are relative to cum[_off].
-        self._cum = array("q", [0])
-        self._extend_cum(self._cells)
 
     def _rewrap(self) -> None:
         """Recompute wrapped heights from the stored cell widths (width or prefix changed)."""
@@ -907,7 +588,7 @@ class LogView(ScrollView, can_focus=True):
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._base_style = None  # the cache holds no base style (see _Rendered): it stays
+        self._base_style = None  # the cache holds no base style (see Rendered): it stays
         self._look += 1
 
     def _style(self) -> Style:
@@ -956,7 +637,7 @@ class LogView(ScrollView, can_focus=True):
 
     # -- rendering -------------------------------------------------------------------------------
 
-    def _render(self, seq: int) -> _Rendered:
+    def _render(self, seq: int) -> Rendered:
         cached = self._cache.get(seq)
         if cached is not None:
             return cached
@@ -973,7 +654,7 @@ class LogView(ScrollView, can_focus=True):
         width = 0
         if self.show_timestamps:
             ts = self._format_ts(ms) + " "
-            prefix.append(Segment(ts, _TS_ERR_STYLE if err else _TS_STYLE))
+            prefix.append(Segment(ts, TS_ERR_STYLE if err else TS_STYLE))
             width += len(ts)
         if self.show_rank_tags:
             tag = sanitize(f"[{rank!s:>{self._digits}}]")
@@ -982,8 +663,8 @@ class LogView(ScrollView, can_focus=True):
             width += cell_len(tag) + 1
         text = build_text(raw)
         body = text.render(self.app.console)
-        body = list(Segment.apply_style(body, _ERR_TEXT_STYLE) if err else body)
-        rendered = _Rendered(prefix, width, body, text.cell_len)
+        body = list(Segment.apply_style(body, ERR_TEXT_STYLE) if err else body)
+        rendered = Rendered(prefix, width, body, text.cell_len)
         self._cache.put(seq, rendered)
         return rendered
 
@@ -1004,7 +685,7 @@ class LogView(ScrollView, can_focus=True):
         if self._text_width:
             tw = self._text_width
             if sub == 0 and rendered.text_width <= tw:  # fits on one row: the common case
-                return fit_row(_styled(rendered.prefix + rendered.text, style),
+                return fit_row(styled(rendered.prefix + rendered.text, style),
                                rendered.prefix_width + rendered.text_width, 0, width, style)
             body = Strip(rendered.text, rendered.text_width).crop(sub * tw, (sub + 1) * tw)
             # continuation rows are indented under the text
@@ -1014,16 +695,12 @@ class LogView(ScrollView, can_focus=True):
             else:
                 head_width = self._prefix_width()
                 head = [Segment(" " * head_width)]
-            return fit_row(_styled(head + list(body), style), head_width + body.cell_length, 0,
+            return fit_row(styled(head + list(body), style), head_width + body.cell_length, 0,
                            width, style)
         if rendered.text_width > self._max_cells:  # wider than its length said
             self._max_cells = rendered.text_width
             self.call_after_refresh(self._sync, 0)
-        return fit_row(_styled(rendered.prefix + rendered.text, style),
+        return fit_row(styled(rendered.prefix + rendered.text, style),
                        rendered.prefix_width + rendered.text_width, scroll_x, width, style)
 
-
-def _styled(segments: list[Segment], base: Style) -> list[Segment]:
-    """``segments`` (a line's own styles) over the widget's ``base`` style: a new list."""
-    return [Segment(text, base + style) for text, style, _ in segments]
 

@@ -3,8 +3,11 @@
 A ScrollView (like :class:`~elastic_console.tui.widgets.log_view.LogView`), not a
 DataTable: with 1,024 ranks and a few cells changing every second, DataTable's per-cell
 Text objects, its render caches and its whole-table sort cost tens of milliseconds in the
-middle of key presses. Here a row is a tuple of plain strings (:func:`row_values`) turned into
-a handful of Segments when it is drawn; nothing else is kept per rank.
+middle of key presses. Here a row is a tuple of plain strings
+(:func:`~.rank_rows.row_values`) turned into a handful of Segments when it is drawn; nothing
+else is kept per rank. The rows as data (the columns, the sort keys, the cell texts, a row's
+Segments) are :mod:`.rank_rows`'s; this module is the widget: the order, the cursor, the
+columns that fit, the drawing.
 
 :meth:`RankTable.sync` is called a few times a second by the app:
 
@@ -21,7 +24,7 @@ reverses it (app keys); clicking a header sorts by that column, clicking a row s
 Moving the cursor posts :class:`RankTable.RankHighlighted` when the selected rank changes.
 
 Narrow terminals (issue 15): the columns shown depend on the widget's width. When the row does
-not fit, columns are dropped in :data:`DROP_ORDER` (LOCAL, PID, RSS, CPU%, HOST) until it does,
+not fit, columns are dropped in :data:`~.rank_rows.DROP_ORDER` (LOCAL, PID, RSS, CPU%, HOST) until it does,
 so RANK, STATE, RESTARTS, EXIT and QUIET are the last ones standing (at 80 columns: all but
 LOCAL and PID). The shown ones keep their order. This is worked out when the widget is resized
 or the number of ranks changes (a vertical scrollbar takes width), never per frame. ``o`` steps
@@ -31,7 +34,7 @@ user's place). :meth:`RankTable.wanted_height` is the height that shows every ra
 posts :class:`RankTable.HeightWanted` when it changes (the app fits the layout to it).
 
 By node (issue 21: 32,768 ranks are 4,096 screens of rows): ``n`` toggles a view with one row
-per node (:data:`NODE_COLUMNS`): its host, its ranks, its worst rank's state and the count of
+per node (:data:`~.rank_rows.NODE_COLUMNS`): its host, its ranks, its worst rank's state and the count of
 its ranks in each state (worst first), the most restarts, the worst exit, the mean CPU%, the
 RSS of all its ranks and the longest QUIET. Nodes are ordered worst state first, then by their
 first rank, so a failed or stalled node is the top row whatever the job's size. The rank a node
@@ -49,11 +52,9 @@ Segments (never markup); SGR colours in a host name are decoded like any other j
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from itertools import accumulate
 from typing import Any, ClassVar
 
-from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
@@ -63,212 +64,30 @@ from textual.message import Message
 from textual.strip import Strip
 
 from elastic_agent.coordination.text import sanitize
-from elastic_console.job.state import JobView, RankState
+from elastic_console.job.state import JobView
 
-from .common import RANK_STATE_STYLES, RowCursor, fit_row, fmt_age, fmt_bytes, safe_text
-
-__all__ = ["COLUMNS", "DROP_ORDER", "NODE_COLUMNS", "RankTable", "fit_columns", "node_values",
-           "row_values"]
-
-#: (key, header, width, right-aligned)
-COLUMNS: tuple[tuple[str, str, int, bool], ...] = (
-    ("rank", "RANK", 4, True),
-    ("host", "HOST", 10, False),
-    ("local", "LOCAL", 5, True),
-    ("pid", "PID", 7, True),
-    ("state", "STATE", 10, False),
-    ("restarts", "RESTARTS", 8, True),
-    ("exit", "EXIT", 7, True),
-    ("cpu", "CPU%", 4, True),
-    ("rss", "RSS", 9, True),
-    ("line", "QUIET", 6, True),  # seconds since the rank's last log line
+from .common import RowCursor, fit_row, safe_text
+from .rank_rows import (
+    ALL_COLUMNS,
+    COLUMN_KEYS,
+    COLUMNS,
+    DROP_ORDER,
+    NODE_COLUMNS,
+    NODE_DROP_ORDER,
+    PAD,
+    ROW_WIDTH,
+    SORT_KEYS,
+    STATE_ORDER,
+    fit_columns,
+    header_segments,
+    node_key,
+    node_values,
+    row_segments,
+    row_values,
+    worst_first,
 )
-_KEYS = tuple(c[0] for c in COLUMNS)
-#: The node view's columns (see the module docstring), same shape as :data:`COLUMNS`.
-NODE_COLUMNS: tuple[tuple[str, str, int, bool], ...] = (
-    ("host", "HOST", 10, False),
-    ("ranks", "RANKS", 11, True),
-    ("state", "STATE", 10, False),  # its worst rank's
-    ("states", "STATES", 20, False),  # how many of its ranks in each state, worst first
-    ("restarts", "RESTARTS", 8, True),  # the most of any of its ranks
-    ("exit", "EXIT", 7, True),  # its worst rank's last exit
-    ("cpu", "CPU%", 4, True),  # mean over its ranks with a sample
-    ("rss", "RSS", 9, True),  # all its ranks together
-    ("line", "QUIET", 6, True),  # its quietest rank's
-)
-NODE_DROP_ORDER = ("restarts", "rss", "cpu", "exit", "ranks")
-#: Cells of padding on each side of a column's text.
-PAD = 1
-#: The columns given up, first to last, when the row is wider than the table (see the module
-#: docstring): the ones that are not in this list are always shown.
-DROP_ORDER = ("local", "pid", "rss", "cpu", "host")
-ALL_COLUMNS = tuple(range(len(COLUMNS)))
 
-
-def row_width(columns: tuple[int, ...], spec: tuple[tuple[str, str, int, bool], ...] = COLUMNS
-              ) -> int:
-    """Cells of a row made of ``columns`` (indices into ``spec``, :data:`COLUMNS` or
-    :data:`NODE_COLUMNS`)."""
-    return sum(spec[i][2] + 2 * PAD for i in columns)
-
-
-def fit_columns(width: int, spec: tuple[tuple[str, str, int, bool], ...] = COLUMNS,
-                drop: tuple[str, ...] = DROP_ORDER) -> tuple[int, ...]:
-    """The columns shown in ``width`` cells (indices into ``spec``, in display order): every
-    column, less the first ones of ``drop`` as long as the row is too wide."""
-    keys = [c[0] for c in spec]
-    shown = list(range(len(spec)))
-    for key in drop:
-        if row_width(tuple(shown), spec) <= width:
-            break
-        shown.remove(keys.index(key))
-    return tuple(shown)
-
-
-ROW_WIDTH = row_width(ALL_COLUMNS)
-_STATE_ORDER = {"failed": 0, "stalled": 1, "slow": 2, "restarting": 2, "waiting": 3,
-                "stopped": 4, "running": 5, "exited": 6}
-_EXIT_BAD = Style(color="red")
-_DIM = Style(dim=True)
-_NO_STYLE = Style()
-
-
-def _exit_sort(r: RankState) -> tuple[int, str]:
-    e = r.last_exit
-    if e is None:
-        return (0, "")
-    if isinstance(e, int):
-        return (1 if e == 0 else 2, f"{abs(e):08d}")
-    return (3, str(e))
-
-
-#: Sort keys from the JobView's facts (never from cell text); ties broken by rank.
-SORT_KEYS: dict[str, Callable[[RankState], Any]] = {
-    "rank": lambda r: r.rank,
-    "host": lambda r: (r.host, r.local_rank if r.local_rank is not None else -1, r.rank),
-    "local": lambda r: (r.local_rank if r.local_rank is not None else -1, r.rank),
-    "pid": lambda r: (r.pid or 0, r.rank),
-    "state": lambda r: (_STATE_ORDER.get(r.state, 9), r.rank),
-    "restarts": lambda r: (r.restarts, r.rank),
-    "exit": lambda r: (_exit_sort(r), r.rank),
-    "cpu": lambda r: (r.cpu if r.cpu is not None else -1.0, r.rank),
-    "rss": lambda r: (r.rss if r.rss is not None else -1, r.rank),
-    "line": lambda r: (r.last_line_ms, r.rank),
-}
-
-
-def row_values(r: RankState, now_ms: int) -> tuple[str, ...]:
-    """The plain text of each cell of rank ``r`` (what is compared and drawn)."""
-    since = fmt_age(max(0, now_ms - r.last_line_ms) / 1000) if r.last_line_ms and now_ms else "-"
-    return (
-        str(r.rank),
-        r.host or "-",
-        "-" if r.local_rank is None else str(r.local_rank),
-        "-" if r.pid is None else str(r.pid),
-        r.state,
-        str(r.restarts),
-        "-" if r.last_exit is None else str(r.last_exit),
-        "-" if r.cpu is None else f"{r.cpu:.0f}",
-        fmt_bytes(r.rss),
-        since,
-    )
-
-
-def _worst(r: RankState) -> tuple[int, int]:
-    """The order of a node's ranks, worst first: by state, then by rank."""
-    return (_STATE_ORDER.get(r.state, 9), r.rank)
-
-
-def node_key(r: RankState) -> str:
-    """The node a rank's row is grouped under: its agent's id (its host before it has one)."""
-    return r.node or r.host or "?"
-
-
-def _span(ranks: list[int]) -> str:
-    """``ranks`` (sorted) as ``first-last`` when they are consecutive, else a count."""
-    if len(ranks) == 1:
-        return str(ranks[0])
-    if ranks[-1] - ranks[0] == len(ranks) - 1:
-        return f"{ranks[0]}-{ranks[-1]}"
-    return f"{len(ranks)} ranks"
-
-
-def node_values(states: list[RankState], now_ms: int) -> tuple[str, ...]:
-    """The plain text of each cell of the node whose ranks are ``states`` (sorted by rank, at
-    least one), for :data:`NODE_COLUMNS`."""
-    worst = min(states, key=_worst)
-    counts: dict[str, int] = {}
-    for r in sorted(states, key=_worst):
-        counts[r.state] = counts.get(r.state, 0) + 1
-    cpus = [r.cpu for r in states if r.cpu is not None]
-    rss = [r.rss for r in states if r.rss is not None]
-    lines = [r.last_line_ms for r in states]
-    quiet = ("-" if not all(lines) or not now_ms
-             else fmt_age(max(0, now_ms - min(lines)) / 1000))
-    return (
-        worst.host or "-",
-        _span([r.rank for r in states]),
-        worst.state,
-        ", ".join(f"{n} {state}" for state, n in counts.items()),
-        str(max(r.restarts for r in states)),
-        "-" if worst.last_exit is None else str(worst.last_exit),
-        f"{sum(cpus) / len(cpus):.0f}" if cpus else "-",
-        fmt_bytes(sum(rss)) if rss else "-",
-        quiet,
-    )
-
-
-def _cell_style(key: str, value: str) -> Style:
-    if key == "state":
-        return RANK_STATE_STYLES.get(value, _NO_STYLE)
-    if key == "exit" and value not in ("-", "0"):
-        return _EXIT_BAD
-    if value == "-":
-        return _DIM
-    return _NO_STYLE
-
-
-def _fit(text: str, width: int, right: bool) -> str:
-    """``text`` in exactly ``width`` cells: cut with an ellipsis, padded on the left when
-    ``right``."""
-    cells = cell_len(text)
-    if cells > width:
-        return set_cell_size(text, width - 1) + "…"
-    pad = " " * (width - cells)
-    return pad + text if right else text + pad
-
-
-def row_segments(values: tuple[str, ...], base: Style, render_ansi: Callable[..., list[Segment]],
-                 columns: tuple[int, ...] = ALL_COLUMNS,
-                 spec: tuple[tuple[str, str, int, bool], ...] = COLUMNS) -> list[Segment]:
-    """One row of ``columns`` of ``spec`` (``row_width(columns, spec)`` cells): padding in
-    ``base``, each text in ``base`` plus its column's colour. ``render_ansi(text, style,
-    width)`` draws a cell whose (sanitized) text still carries SGR colours."""
-    pad = Segment(" " * PAD, base)
-    out: list[Segment] = []
-    for i in columns:
-        key, _, width, right = spec[i]
-        value = values[i]
-        text = sanitize(value)
-        style = base + _cell_style(key, value)
-        out.append(pad)
-        if "\x1b" in text:  # only SGR is left after sanitize
-            out.extend(render_ansi(text, style, width, right))
-        else:
-            out.append(Segment(_fit(text, width, right), style))
-        out.append(pad)
-    return out
-
-
-def header_segments(style: Style, sorted_by: str, reverse: bool,
-                    columns: tuple[int, ...] = ALL_COLUMNS,
-                    spec: tuple[tuple[str, str, int, bool], ...] = COLUMNS) -> list[Segment]:
-    """The header row of ``columns``: each label aligned like its column, the sort column
-    marked in its right padding cell (a wider label would be cut)."""
-    pad = " " * PAD
-    mark = pad[:-1] + ("▼" if reverse else "▲")
-    return [Segment(pad + _fit(label, width, right) + (mark if key == sorted_by else pad), style)
-            for key, label, width, right in (spec[i] for i in columns)]
+__all__ = ["RankTable"]
 
 
 class RankTable(RowCursor):
@@ -407,7 +226,7 @@ class RankTable(RowCursor):
         view = self._view
         ranks = self._groups.get(node, ())
         states = [view.ranks[r] for r in ranks if r in view.ranks] if view is not None else []
-        return min(states, key=_worst).rank if states else None
+        return min(states, key=worst_first).rank if states else None
 
     def order(self) -> list[Any]:
         """Rows in order (top to bottom): ranks, or by node node keys."""
@@ -487,9 +306,9 @@ class RankTable(RowCursor):
             self.sort_reverse = not self.sort_reverse
         else:
             # The next column shown (RANK is always shown): the user sees what sorts.
-            i = _KEYS.index(self.sort_column)
+            i = COLUMN_KEYS.index(self.sort_column)
             shown = self.columns
-            self.sort_column = next((k for k in _KEYS[i + 1:] + _KEYS[:i + 1] if k in shown),
+            self.sort_column = next((k for k in COLUMN_KEYS[i + 1:] + COLUMN_KEYS[:i + 1] if k in shown),
                                     "rank")
             self.sort_reverse = False
         self._resort()
@@ -537,11 +356,11 @@ class RankTable(RowCursor):
 
     def _group(self, view: JobView) -> list[str]:
         """By node: every rank under its node (``_groups``), and the nodes worst first."""
-        # Once a second over every rank (32,768: ~10 ms), so inlined: node_key and _worst as
+        # Once a second over every rank (32,768: ~10 ms), so inlined: node_key and worst_first as
         # calls took three times as long.
         groups: dict[str, list[int]] = {}
         worst: dict[str, int] = {}
-        state_order = _STATE_ORDER.get
+        state_order = STATE_ORDER.get
         for rank, rs in view.ranks.items():
             key = rs.node or rs.host or "?"
             w = state_order(rs.state, 9)
@@ -754,7 +573,7 @@ class RankTable(RowCursor):
             x = offset.x + round(self.scroll_x)
             for i, column in enumerate(self._columns):
                 if self._starts[i] <= x < self._starts[i + 1]:
-                    self.sort_by(_KEYS[column])
+                    self.sort_by(COLUMN_KEYS[column])
                     self.post_message(self.SortChanged(self.sort_description()))
                     return
             return

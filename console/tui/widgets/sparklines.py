@@ -12,7 +12,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Sparkline, Static
 
-from elastic_console.job.state import RankState
+from elastic_console.job.model import RankState
 
 from .common import fmt_bytes
 

@@ -22,7 +22,8 @@ from textual.binding import Binding, BindingType
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from elastic_console.job.state import JobView, TimelineEntry
+from elastic_console.job.model import TimelineEntry
+from elastic_console.job.state import JobView
 
 from .common import fmt_clock, safe_text
 
