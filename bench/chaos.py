@@ -81,11 +81,11 @@ from typing import Any
 
 import psutil
 
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.endpoints import parse_endpoint
-from elastic_agent.coordination.event_records import Event, EventType
-from elastic_agent.coordination.keyspace import JOBS_INDEX, JobKeys
-from elastic_agent.coordination.log_records import STDOUT, decode_log_entries
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.transport.endpoints import parse_endpoint
+from elastic_agent.coordination.wire.event_records import Event, EventType
+from elastic_agent.coordination.wire.keyspace import JOBS_INDEX, JobKeys
+from elastic_agent.coordination.wire.log_records import STDOUT, decode_log_entries
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from elastic_console.commands.read import status_object
 from elastic_console.job.client import JobClient

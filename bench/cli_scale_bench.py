@@ -46,9 +46,9 @@ from typing import Any
 
 import redis
 
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.event_records import EventType
-from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.wire.event_records import EventType
+from elastic_agent.coordination.wire.keyspace import JobKeys
 from elastic_agent.supervision.hosting.standalone import RedisServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -77,8 +77,8 @@ def build_job(r: redis.Redis, job: str, ranks: int, nproc: int, history: float,
 
 def build_small_jobs(r: redis.Redis, n: int) -> None:
     """``n`` small jobs that ended (two nodes of 4 ranks, a few seconds of logs)."""
-    from elastic_agent.coordination.event_records import encode_event
-    from elastic_agent.coordination.keyspace import EVENTS_MAXLEN
+    from elastic_agent.coordination.wire.event_records import encode_event
+    from elastic_agent.coordination.wire.keyspace import EVENTS_MAXLEN
 
     for i in range(n):
         job = f"small-{i:03d}"

@@ -58,8 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/cluster
 
 from tests.cluster import Cluster
 
-from elastic_agent.coordination import log_records
-from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.wire import log_records
+from elastic_agent.coordination.wire.keyspace import JobKeys
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from elastic_agent.supervision.records.log_config import LogConfig
 from elastic_agent.supervision.records.logs import NodeLogs

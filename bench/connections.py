@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import redis
 
-from elastic_agent.coordination.endpoints import parse_endpoint
+from elastic_agent.coordination.transport.endpoints import parse_endpoint
 from elastic_agent.supervision.hosting.standalone import RedisServer
 
 WORKER = '''

@@ -145,11 +145,11 @@ from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
-from elastic_agent.coordination.connection import make_async_client, make_client
-from elastic_agent.coordination.endpoints import parse_endpoint
-from elastic_agent.coordination.event_records import EventType, encode_event
-from elastic_agent.coordination.keyspace import EVENTS_MAXLEN, JOBS_INDEX, LOGS_MAXLEN, JobKeys
-from elastic_agent.coordination.protocol import PROTOCOL_VERSION
+from elastic_agent.coordination.transport.connection import make_async_client, make_client
+from elastic_agent.coordination.transport.endpoints import parse_endpoint
+from elastic_agent.coordination.wire.event_records import EventType, encode_event
+from elastic_agent.coordination.wire.keyspace import EVENTS_MAXLEN, JOBS_INDEX, LOGS_MAXLEN, JobKeys
+from elastic_agent.coordination.wire.protocol import PROTOCOL_VERSION
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from elastic_agent.supervision.records.log_shipping import LOG_LINGER
 from elastic_console.job.state import DEFAULT_SCROLLBACK

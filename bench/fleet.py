@@ -60,16 +60,21 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from elastic_agent.coordination import command_records, event_records, keyspace, protocol, stream_mux
-from elastic_agent.coordination.command_records import Command, CommandType
-from elastic_agent.coordination.connection import make_async_client, make_client
-from elastic_agent.coordination.event_records import EventType
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.rendezvous import AsyncRedisRendezvous
-from elastic_agent.coordination.rendezvous_types import RendezvousResult, RendezvousSettings, opens_a_round
-from elastic_agent.coordination.stack_dumps import RankStack, group_stacks, parse_faulthandler
-from elastic_agent.coordination.stack_replies import request_stacks
-from elastic_agent.coordination.stream_mux import StreamMux
+from elastic_agent.coordination.rendezvous.drivers.drivers import AsyncRedisRendezvous
+from elastic_agent.coordination.rendezvous.drivers.types import (
+    RendezvousResult,
+    RendezvousSettings,
+    opens_a_round,
+)
+from elastic_agent.coordination.transport import stream_mux
+from elastic_agent.coordination.transport.connection import make_async_client, make_client
+from elastic_agent.coordination.transport.stream_mux import StreamMux
+from elastic_agent.coordination.wire import command_records, event_records, keyspace, protocol
+from elastic_agent.coordination.wire.command_records import Command, CommandType
+from elastic_agent.coordination.wire.event_records import EventType
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.stack_dumps import RankStack, group_stacks, parse_faulthandler
+from elastic_agent.coordination.wire.stack_replies import request_stacks
 from elastic_agent.supervision.diagnosis.stacks import StackCollector
 from elastic_agent.supervision.diagnosis.stall import StallWatch, interval_for
 from elastic_agent.supervision.hosting.standalone import RedisServer

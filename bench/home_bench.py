@@ -22,9 +22,9 @@ import time
 
 import redis
 
-from elastic_agent.coordination.endpoints import parse_endpoint
-from elastic_agent.coordination.event_records import EventType, encode_event
-from elastic_agent.coordination.keyspace import JOBS_INDEX, JobKeys
+from elastic_agent.coordination.transport.endpoints import parse_endpoint
+from elastic_agent.coordination.wire.event_records import EventType, encode_event
+from elastic_agent.coordination.wire.keyspace import JOBS_INDEX, JobKeys
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from elastic_console.job.client import JobClient
 from elastic_console.tui.app import ConsoleApp

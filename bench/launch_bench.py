@@ -74,9 +74,9 @@ from pathlib import Path
 
 import psutil
 
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.log_records import STDOUT, LogBatch, decode_log_entries
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.log_records import STDOUT, LogBatch, decode_log_entries
 from elastic_agent.supervision.hosting.standalone import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent

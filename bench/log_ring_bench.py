@@ -35,7 +35,7 @@ T0 = 1_700_000_000_000
 
 
 def child(args: argparse.Namespace) -> dict[str, float]:
-    from elastic_agent.coordination.log_records import LogBatch
+    from elastic_agent.coordination.wire.log_records import LogBatch
     from elastic_console.job import log_fold, state
     from elastic_console.job.logbuffer import LogBuffer
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import redis
 
-from elastic_agent.coordination.event_records import EventType, decode_event
-from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.wire.event_records import EventType, decode_event
+from elastic_agent.coordination.wire.keyspace import JobKeys
 from elastic_agent.supervision.hosting.standalone import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent

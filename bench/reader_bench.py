@@ -34,8 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.log_records import LogBatch
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.wire.log_records import LogBatch
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from elastic_console.job.client import JobClient
 from elastic_console.job.state import JobView

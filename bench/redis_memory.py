@@ -30,8 +30,8 @@ from pathlib import Path
 
 import redis
 
-from elastic_agent.coordination.keyspace import JOBS_INDEX, LOGS_MAXLEN, JobKeys
-from elastic_agent.coordination.log_records import LogBatch, encode_node_log_entry
+from elastic_agent.coordination.wire.keyspace import JOBS_INDEX, LOGS_MAXLEN, JobKeys
+from elastic_agent.coordination.wire.log_records import LogBatch, encode_node_log_entry
 from elastic_agent.supervision.hosting.standalone import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent

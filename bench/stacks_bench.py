@@ -34,11 +34,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from elastic_agent.coordination.command_records import Command, encode_command
-from elastic_agent.coordination.connection import make_async_client, make_client
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.stack_dumps import group_line, group_stacks
-from elastic_agent.coordination.stack_replies import request_stacks
+from elastic_agent.coordination.transport.connection import make_async_client, make_client
+from elastic_agent.coordination.wire.command_records import Command, encode_command
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.stack_dumps import group_line, group_stacks
+from elastic_agent.coordination.wire.stack_replies import request_stacks
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from elastic_agent.supervision.launch import probes
 
@@ -137,7 +137,7 @@ async def latencies(url: str, job: str, ranks: int, requests: int) -> tuple[list
 
 
 async def screen_latencies(url: str, job: str, requests: int) -> list[float]:
-    from elastic_agent.coordination.endpoints import parse_endpoint
+    from elastic_agent.coordination.transport.endpoints import parse_endpoint
     from elastic_console.tui.app import ConsoleApp
     from elastic_console.tui.widgets.stacks import StacksScreen
 

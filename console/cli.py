@@ -23,7 +23,7 @@ regex; a confirmation that cannot be asked). A failure is one line on stderr sta
 ``elastic-console: error: ``, never a traceback. Ctrl-C ends ``--follow`` with status 0.
 
 Everything printed that came from the job (log lines, host names, messages) goes through
-:func:`elastic_agent.coordination.text.sanitize`; SGR colours are kept only on a terminal.
+:func:`elastic_agent.coordination.wire.text.sanitize`; SGR colours are kept only on a terminal.
 The Textual app is imported only by ``attach``, so the other subcommands start fast and work
 without a terminal.
 """
@@ -36,7 +36,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn
 
-from elastic_agent.coordination.endpoints import (
+from elastic_agent.coordination.transport.endpoints import (
     DEFAULT_URL,
     PASSWORD_ENV,
     PASSWORD_FILE_ENV,

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from elastic_agent.coordination.endpoints import parse_endpoint
+from elastic_agent.coordination.transport.endpoints import parse_endpoint
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from elastic_console.tui.app import ConsoleApp
 

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from screenshots import OUT, ROOT, SIZE, until
 
-from elastic_agent.coordination.endpoints import parse_endpoint
+from elastic_agent.coordination.transport.endpoints import parse_endpoint
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from elastic_console.tui.app import ConsoleApp
 

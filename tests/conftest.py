@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from elastic_agent.coordination.connection import make_client
+from elastic_agent.coordination.transport.connection import make_client
 from elastic_agent.supervision.hosting.standalone import RedisServer
 
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from elastic_agent.coordination.command_records import Command, encode_command
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.event_records import EventType, decode_event
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.log_records import decode_log_entries
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.wire.command_records import Command, encode_command
+from elastic_agent.coordination.wire.event_records import EventType, decode_event
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.log_records import decode_log_entries
 from tests.agents import AGENT, EXAMPLES, SCRIPTS, Agent, alive, wait_until
 
 FAST = "--rdzv-conf=last_call_timeout=1,heartbeat_timeout=2,keep_alive_interval=0.3,join_timeout=60"

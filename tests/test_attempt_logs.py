@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from textual.pilot import Pilot
 
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.event_records import EventType
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.wire.event_records import EventType
 from elastic_console.tui.widgets.attempt_logs import AttemptLogsScreen
 from tests.agents import SCRIPTS, Agent
 from tests.test_console_app import App, console, events_of, loaded, on_screen, run, screen_text
@@ -26,8 +26,12 @@ def test_read_attempt_keeps_that_attempt_bounded_and_skips_bad_entries(redis_url
     lines when the bound cuts, and an entry that does not decode skipped."""
     import asyncio
 
-    from elastic_agent.coordination.connection import make_async_client
-    from elastic_agent.coordination.log_records import LogBatch, decode_log_entries, encode_node_log_entry
+    from elastic_agent.coordination.transport.connection import make_async_client
+    from elastic_agent.coordination.wire.log_records import (
+        LogBatch,
+        decode_log_entries,
+        encode_node_log_entry,
+    )
     from elastic_console.job.attempts import read_attempt
 
     streams = [f"elastic:log:{{{job_id}/0}}:n{i}" for i in range(2)]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.log_records import decode_log_entries, encode_node_log_entry
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.log_records import decode_log_entries, encode_node_log_entry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import console_bench

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import redis
 
-from elastic_agent.coordination.connection import make_async_client, raise_if_cancelled
-from elastic_agent.coordination.keyspace import console_client_name
+from elastic_agent.coordination.transport.connection import make_async_client, raise_if_cancelled
+from elastic_agent.coordination.wire.keyspace import console_client_name
 from elastic_agent.supervision.records.commands import CommandReader
 from elastic_console.job.client import BLOCK_MS, JobClient
 from tests.waiting import blocked_in, wait_until_async

@@ -28,14 +28,14 @@ import redis
 from redis.crc import key_slot
 from textual.pilot import Pilot
 
-from elastic_agent.coordination import log_records
-from elastic_agent.coordination.cluster import is_cluster
-from elastic_agent.coordination.connection import explain_error, make_async_client, make_client
-from elastic_agent.coordination.endpoints import EndpointError, parse_endpoint
-from elastic_agent.coordination.event_records import EventType
-from elastic_agent.coordination.keyspace import JOBS_INDEX, LOG_SHARDS, JobKeys, log_shard_tags
-from elastic_agent.coordination.log_records import LogBatch, encode_log_batch
 from elastic_agent.coordination.torch_compat import TorchRedisStore
+from elastic_agent.coordination.transport.cluster import is_cluster
+from elastic_agent.coordination.transport.connection import explain_error, make_async_client, make_client
+from elastic_agent.coordination.transport.endpoints import EndpointError, parse_endpoint
+from elastic_agent.coordination.wire import log_records
+from elastic_agent.coordination.wire.event_records import EventType
+from elastic_agent.coordination.wire.keyspace import JOBS_INDEX, LOG_SHARDS, JobKeys, log_shard_tags
+from elastic_agent.coordination.wire.log_records import LogBatch, encode_log_batch
 from elastic_agent.supervision.records.log_shipping import make_logs_drop_marker
 from elastic_agent.supervision.records.logs import NodeLogs, WorkerLogs
 from elastic_agent.supervision.records.publisher import StreamPublisher

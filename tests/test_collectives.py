@@ -21,15 +21,15 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from elastic_agent.coordination.collective_replies import read_collective_replies
-from elastic_agent.coordination.collectives import RankTrace, analyse, event_record
-from elastic_agent.coordination.command_records import Command, encode_command
-from elastic_agent.coordination.connection import make_async_client
-from elastic_agent.coordination.endpoints import parse_endpoint
-from elastic_agent.coordination.event_records import EventType
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.protocol import ProtocolError
-from elastic_agent.coordination.trace_records import (
+from elastic_agent.coordination.transport.connection import make_async_client
+from elastic_agent.coordination.transport.endpoints import parse_endpoint
+from elastic_agent.coordination.wire.collective_replies import read_collective_replies
+from elastic_agent.coordination.wire.collectives import RankTrace, analyse, event_record
+from elastic_agent.coordination.wire.command_records import Command, encode_command
+from elastic_agent.coordination.wire.event_records import EventType
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.protocol import ProtocolError
+from elastic_agent.coordination.wire.trace_records import (
     MAX_TRACE_BYTES,
     CollectiveEntry,
     CollectiveReply,
@@ -318,7 +318,7 @@ async def _console_shows_the_straggler(redis_url: str, job_id: str) -> None:
 
 
 def test_the_console_state_marks_stragglers_and_survives_hostile_data():
-    from elastic_agent.coordination.event_records import decode_event, encode_event
+    from elastic_agent.coordination.wire.event_records import decode_event, encode_event
     from elastic_console.job.state import JobView
 
     v = JobView("job-s")
@@ -411,7 +411,7 @@ def test_straggler_checks_cost_redis_the_same_per_node_at_any_size(private_redis
 
 
 def test_the_console_state_names_the_collectives_suspects_of_a_stall():
-    from elastic_agent.coordination.event_records import decode_event, encode_event
+    from elastic_agent.coordination.wire.event_records import decode_event, encode_event
     from elastic_console.job.state import JobView
 
     v = JobView("job-s")

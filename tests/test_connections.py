@@ -17,12 +17,12 @@ import psutil
 import pytest
 import redis
 
-from elastic_agent.coordination import stream_mux
-from elastic_agent.coordination.command_records import Command, encode_command
-from elastic_agent.coordination.connection import make_async_client, make_client, priority
-from elastic_agent.coordination.event_records import EventType
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.stream_mux import StreamMux
+from elastic_agent.coordination.transport import stream_mux
+from elastic_agent.coordination.transport.connection import make_async_client, make_client, priority
+from elastic_agent.coordination.transport.stream_mux import StreamMux
+from elastic_agent.coordination.wire.command_records import Command, encode_command
+from elastic_agent.coordination.wire.event_records import EventType
+from elastic_agent.coordination.wire.keyspace import JobKeys
 from elastic_agent.supervision.records.publisher import StreamPublisher
 from elastic_agent.supervision.redis_bridge import SyncBridge
 from tests.agents import SCRIPTS, Agent, wait_until
@@ -235,7 +235,7 @@ async def test_a_write_to_a_server_that_stopped_reading_times_out_and_the_client
     import os
     import signal
 
-    from elastic_agent.coordination.send_path import _LeanSend
+    from elastic_agent.coordination.transport.send_path import _LeanSend
 
     client = make_async_client(private_redis.url, socket_timeout=1.0, retries=0,
                                one_connection=True)

@@ -23,11 +23,11 @@ from rich.text import Text
 from textual.pilot import Pilot
 from textual.widgets import Button, Input
 
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.endpoints import parse_endpoint
-from elastic_agent.coordination.event_records import EventType, decode_event, encode_event
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.log_records import LogBatch, decode_log_entries
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.transport.endpoints import parse_endpoint
+from elastic_agent.coordination.wire.event_records import EventType, decode_event, encode_event
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.log_records import LogBatch, decode_log_entries
 from elastic_console.job.state import JobView
 from elastic_console.tui.app import ConsoleApp
 from elastic_console.tui.navigation import KEY_HELP

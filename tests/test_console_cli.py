@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.event_records import EventType, decode_event, encode_event
-from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.wire.event_records import EventType, decode_event, encode_event
+from elastic_agent.coordination.wire.keyspace import JobKeys
 from tests.agents import SCRIPTS, Agent, wait_until
 
 CONSOLE = [sys.executable, "-m", "elastic_console.cli"]

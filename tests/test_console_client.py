@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 import pytest
 import redis
 
-from elastic_agent.coordination.connection import RedisUnavailableError, make_client
-from elastic_agent.coordination.event_records import Event, EventType, encode_event
-from elastic_agent.coordination.keyspace import JOBS_INDEX, JobKeys
-from elastic_agent.coordination.log_records import LogBatch, encode_log_batch
+from elastic_agent.coordination.transport.connection import RedisUnavailableError, make_client
+from elastic_agent.coordination.wire.event_records import Event, EventType, encode_event
+from elastic_agent.coordination.wire.keyspace import JOBS_INDEX, JobKeys
+from elastic_agent.coordination.wire.log_records import LogBatch, encode_log_batch
 from elastic_console.job import client as client_module
 from elastic_console.job import follow as follow_module
 from elastic_console.job.client import HISTORY_STREAMS_PER_READ, ConnectionChange, JobClient

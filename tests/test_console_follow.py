@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from elastic_agent.coordination.event_records import Event, EventType
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.log_records import LogBatch
+from elastic_agent.coordination.wire.event_records import Event, EventType
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.log_records import LogBatch
 from elastic_console.job import follow as follow_module
 from elastic_console.job.client import JobClient
 from elastic_console.job.follow import (

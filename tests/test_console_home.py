@@ -13,10 +13,10 @@ import pytest
 import redis
 from textual.pilot import Pilot
 
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.endpoints import parse_endpoint
-from elastic_agent.coordination.event_records import EventType, encode_event
-from elastic_agent.coordination.keyspace import JOBS_INDEX, JobKeys
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.transport.endpoints import parse_endpoint
+from elastic_agent.coordination.wire.event_records import EventType, encode_event
+from elastic_agent.coordination.wire.keyspace import JOBS_INDEX, JobKeys
 from elastic_console.job.save import new_log_file
 from elastic_console.tui.home import JobsScreen
 from tests.agents import SCRIPTS

@@ -12,7 +12,7 @@ from typing import Any
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from elastic_agent.coordination.event_records import EventType
+from elastic_agent.coordination.wire.event_records import EventType
 from elastic_console.job.model import RESOURCE_HISTORY
 from elastic_console.job.state import DEFAULT_SCROLLBACK, JobView
 from elastic_console.tui import feed

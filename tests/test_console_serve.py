@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from elastic_agent.coordination.connection import make_client
+from elastic_agent.coordination.transport.connection import make_client
 from tests.test_console_app import commands_sent, sleeper_job, stop_agent
 from tests.waiting import wait_until_async
 

@@ -8,9 +8,9 @@ import re
 
 from rich.text import Text
 
-from elastic_agent.coordination.event_records import Event, EventType, decode_event, encode_event
-from elastic_agent.coordination.log_records import LogBatch, decode_log_batch, encode_log_batch
-from elastic_agent.coordination.text import sanitize, strip_sgr
+from elastic_agent.coordination.wire.event_records import Event, EventType, decode_event, encode_event
+from elastic_agent.coordination.wire.log_records import LogBatch, decode_log_batch, encode_log_batch
+from elastic_agent.coordination.wire.text import sanitize, strip_sgr
 from elastic_console.job.logbuffer import LogLine
 from elastic_console.job.model import RESOURCE_HISTORY
 from elastic_console.job.packed_buffer import PackedLogBuffer

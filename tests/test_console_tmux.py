@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from elastic_agent.coordination.event_records import EventType, decode_event
-from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.wire.event_records import EventType, decode_event
+from elastic_agent.coordination.wire.keyspace import JobKeys
 from tests.agents import SCRIPTS, Agent, wait_until
 
 CONSOLE = Path(sys.executable).with_name("elastic-console")

@@ -12,8 +12,8 @@ import threading
 
 import redis
 
-from elastic_agent.coordination.keyspace import JobKeys, console_client_name
-from elastic_agent.coordination.log_records import LogBatch, encode_log_batch
+from elastic_agent.coordination.wire.keyspace import JobKeys, console_client_name
+from elastic_agent.coordination.wire.log_records import LogBatch, encode_log_batch
 from elastic_console.job.dedupe import Collapser, UniqueLogs, format_ranks
 from elastic_console.job.logbuffer import LogBuffer
 from elastic_console.job.state import JobView

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import redis
 
-from elastic_agent.coordination.event_records import EventType
+from elastic_agent.coordination.wire.event_records import EventType
 from tests.agents import Agent, wait_until
 from tests.test_agent import FAST, agent_args, of_type
 

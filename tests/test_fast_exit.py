@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from elastic_agent.coordination.connection import make_client
+from elastic_agent.coordination.transport.connection import make_client
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from tests.agents import AGENT, EXAMPLES
 

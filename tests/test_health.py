@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from elastic_agent.coordination.event_records import EventType
+from elastic_agent.coordination.wire.event_records import EventType
 from elastic_agent.supervision.health import (
     MAX_CONNECTIONS,
     MAX_HEAD_BYTES,

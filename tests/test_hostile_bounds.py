@@ -20,10 +20,15 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elastic_agent.coordination.command_records import Command, CommandType, decode_command, encode_command
-from elastic_agent.coordination.event_records import EventType
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.protocol import is_rank
+from elastic_agent.coordination.wire.command_records import (
+    Command,
+    CommandType,
+    decode_command,
+    encode_command,
+)
+from elastic_agent.coordination.wire.event_records import EventType
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.protocol import is_rank
 from elastic_agent.supervision import loops
 from elastic_agent.supervision.records.commands import STACKS_BURST, RateLimit
 from tests.agents import Agent
@@ -275,7 +280,7 @@ FORGED_BYTES = 900 * 1024
 
 def test_big_forged_events_leave_the_agents_memory_bounded_and_its_root_cause_right(
         redis_url, r, job_id, tmp_path):
-    from elastic_agent.coordination.event_records import encode_event
+    from elastic_agent.coordination.wire.event_records import encode_event
     from tests.agents import SCRIPTS
     from tests.test_agent import FAST, agent_args, worker_pids
     keys = JobKeys(job_id)
@@ -345,7 +350,7 @@ RANKS_PER_EVENT = 140_000  # under 1 MiB of JSON each, as in the issue's report
 def _forge_job(r: redis.Redis, job: str, *, world: int | None) -> None:
     """A running job whose event stream holds three forged ``workers_started`` events of 140k
     ranks each (different ranks in each), after a real-looking round of ``world`` ranks."""
-    from elastic_agent.coordination.event_records import encode_event
+    from elastic_agent.coordination.wire.event_records import encode_event
     keys = JobKeys(job)
     r.zadd("elastic:jobs", {job: 1})
     r.hset(keys.meta, mapping={"min_nodes": 1, "max_nodes": 1, "max_restarts": 0,
@@ -385,7 +390,7 @@ def _run_measured(*args: str, redis_url: str) -> tuple[subprocess.CompletedProce
 
 @pytest.mark.parametrize("world", [4, None], ids=["world-known", "world-unknown"])
 def test_forged_rank_lists_leave_status_and_ls_bounded(redis_url, r, job_id, world):
-    from elastic_agent.coordination.endpoints import parse_endpoint
+    from elastic_agent.coordination.transport.endpoints import parse_endpoint
     from elastic_console.job.client import JobClient
     from elastic_console.job.model import MAX_VIEW_RANKS
     _forge_job(r, job_id, world=world)
@@ -415,14 +420,14 @@ def test_forged_rank_lists_leave_status_and_ls_bounded(redis_url, r, job_id, wor
 
 
 def _ev(t: str, data: dict[str, Any], seq: int, node: str = "evil-1-a") -> Any:
-    from elastic_agent.coordination.event_records import Event
+    from elastic_agent.coordination.wire.event_records import Event
     return Event(t, node, data, f"{1000 + seq}-0", seq=seq)
 
 
 def test_every_list_and_text_of_an_event_is_bounded_in_the_fold():
     """The other records that could make the view grow: nodes, log rings, resource samples,
     acks, timeline text, and the fingerprints of events without a sequence number."""
-    from elastic_agent.coordination.log_records import LogBatch
+    from elastic_agent.coordination.wire.log_records import LogBatch
     from elastic_console.job.model import MAX_DETAIL_CHARS, MAX_NOTE_CHARS, MAX_VIEW_NODES, MAX_VIEW_RANKS
     from elastic_console.job.state import JobView
     view = JobView("j")
@@ -457,8 +462,8 @@ def test_a_console_reads_big_forged_events_a_page_at_a_time_within_a_budget(redi
                                                                             job_id):
     """History: the newest events are kept until their data passes the budget; the rest are
     left out and counted, and the follow cursor is still the newest entry."""
-    from elastic_agent.coordination.endpoints import parse_endpoint
-    from elastic_agent.coordination.event_records import encode_event
+    from elastic_agent.coordination.transport.endpoints import parse_endpoint
+    from elastic_agent.coordination.wire.event_records import encode_event
     from elastic_console.job import client as client_module
     from elastic_console.job.client import JobClient
     keys = JobKeys(job_id)

@@ -11,11 +11,16 @@ import string
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from elastic_agent.coordination import text as text_module
-from elastic_agent.coordination.command_records import Command, CommandType, decode_command, encode_command
-from elastic_agent.coordination.event_records import Event, EventType, decode_event, encode_event
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.log_records import (
+from elastic_agent.coordination.wire import text as text_module
+from elastic_agent.coordination.wire.command_records import (
+    Command,
+    CommandType,
+    decode_command,
+    encode_command,
+)
+from elastic_agent.coordination.wire.event_records import Event, EventType, decode_event, encode_event
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.log_records import (
     LogBatch,
     LogEntryDecoder,
     decode_log_batch,
@@ -24,9 +29,9 @@ from elastic_agent.coordination.log_records import (
     encode_log_batch,
     encode_node_log_entry,
 )
-from elastic_agent.coordination.protocol import ProtocolError
-from elastic_agent.coordination.round_records import NodeDescription, RoundInfo
-from elastic_agent.coordination.text import sanitize, terminal_line
+from elastic_agent.coordination.wire.protocol import ProtocolError
+from elastic_agent.coordination.wire.round_records import NodeDescription, RoundInfo
+from elastic_agent.coordination.wire.text import sanitize, terminal_line
 from elastic_console.job.state import JobView
 from tests.agents import SCRIPTS, Agent, wait_until
 from tests.reach import Reach

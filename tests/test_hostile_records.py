@@ -11,17 +11,27 @@ import sys
 import pytest
 import redis
 
-from elastic_agent.coordination.command_records import Command, CommandType, decode_command, encode_command
-from elastic_agent.coordination.event_records import (
+from elastic_agent.coordination.wire.command_records import (
+    Command,
+    CommandType,
+    decode_command,
+    encode_command,
+)
+from elastic_agent.coordination.wire.event_records import (
     MAX_EVENT_DATA_BYTES,
     EventType,
     decode_event,
     encode_event,
 )
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.log_records import decode_log_batch
-from elastic_agent.coordination.protocol import MAX_JSON_DEPTH, ProtocolError, decode_counter, decode_json
-from elastic_agent.coordination.round_records import NodeDescription, RoundInfo
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.log_records import decode_log_batch
+from elastic_agent.coordination.wire.protocol import (
+    MAX_JSON_DEPTH,
+    ProtocolError,
+    decode_counter,
+    decode_json,
+)
+from elastic_agent.coordination.wire.round_records import NodeDescription, RoundInfo
 from tests.agents import SCRIPTS, Agent, wait_until
 from tests.test_agent import FAST, agent_args, of_type, worker_pids
 from tests.test_console_cli import console as _console
@@ -230,7 +240,7 @@ def test_every_subcommand_reads_a_job_full_of_junk(redis_url, r, job_id):
 def test_the_console_reader_survives_junk_and_shows_the_count(redis_url, r, job_id):
     import asyncio
 
-    from elastic_agent.coordination.endpoints import parse_endpoint
+    from elastic_agent.coordination.transport.endpoints import parse_endpoint
     from elastic_console.tui.app import ConsoleApp
 
     _junk_job(r, job_id)
@@ -265,7 +275,7 @@ def test_the_console_reader_survives_junk_and_shows_the_count(redis_url, r, job_
 
 @pytest.mark.parametrize("job", ["job\n", "a b", "j{x}", "", "-j", "x" * 129, "j:1"])
 def test_a_job_id_that_could_break_the_key_layout_is_refused(job):
-    from elastic_agent.coordination.keyspace import InvalidJobIdError, validate_job_id
+    from elastic_agent.coordination.wire.keyspace import InvalidJobIdError, validate_job_id
 
     with pytest.raises(InvalidJobIdError):
         validate_job_id(job)

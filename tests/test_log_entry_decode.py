@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastic_agent.coordination import protocol
-from elastic_agent.coordination.log_records import (
+from elastic_agent.coordination.wire import protocol
+from elastic_agent.coordination.wire.log_records import (
     LogBatch,
     LogEntryDecoder,
     decode_log_entries,

@@ -14,7 +14,7 @@ from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.strip import Strip
 
-from elastic_agent.coordination.text import sanitize, strip_sgr
+from elastic_agent.coordination.wire.text import sanitize, strip_sgr
 from elastic_console.job.logbuffer import LogBuffer, LogLine
 from elastic_console.job.packed_buffer import PackedLogBuffer
 from elastic_console.tui.widgets import LogView, log_lines

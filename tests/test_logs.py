@@ -13,9 +13,9 @@ import pytest
 import pytest_asyncio
 import redis
 
-from elastic_agent.coordination import event_records, log_records
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.log_records import LogBatch
+from elastic_agent.coordination.wire import event_records, log_records
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.log_records import LogBatch
 from elastic_agent.supervision.launch.exits import WorkerState
 from elastic_agent.supervision.launch.worker_env import RankAssignment, WorkerSpec
 from elastic_agent.supervision.launch.workers import WorkerGroup

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_agent.coordination.log_records import LogBatch
+from elastic_agent.coordination.wire.log_records import LogBatch
 from elastic_console.job import packed_buffer
 from elastic_console.job.logbuffer import LogBuffer
 from elastic_console.job.packed_buffer import (

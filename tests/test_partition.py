@@ -31,9 +31,9 @@ import psutil
 import pytest
 import redis
 
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.event_records import EventType
-from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.wire.event_records import EventType
+from elastic_agent.coordination.wire.keyspace import JobKeys
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from tests.agents import Agent, alive, wait_until
 from tests.netns import Hosts

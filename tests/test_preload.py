@@ -279,9 +279,9 @@ def test_torch_gloo_crash_restart_through_the_zygote(redis_url, job_id, tmp_path
 
 
 def test_restart_command_restarts_through_the_zygote(redis_url, r, job_id, tmp_path):
-    from elastic_agent.coordination.command_records import Command, encode_command
-    from elastic_agent.coordination.event_records import EventType
-    from elastic_agent.coordination.keyspace import JobKeys
+    from elastic_agent.coordination.wire.command_records import Command, encode_command
+    from elastic_agent.coordination.wire.event_records import EventType
+    from elastic_agent.coordination.wire.keyspace import JobKeys
     from tests.test_agent import FAST, of_type
 
     logs = tmp_path / "logs"

@@ -21,9 +21,9 @@ import psutil
 import pytest
 import redis
 
-from elastic_agent.coordination.command_records import Command, encode_command
-from elastic_agent.coordination.event_records import EventType, decode_event
-from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.wire.command_records import Command, encode_command
+from elastic_agent.coordination.wire.event_records import EventType, decode_event
+from elastic_agent.coordination.wire.keyspace import JobKeys
 from elastic_agent.supervision.launch.exits import WorkerState
 from elastic_agent.supervision.launch.worker_env import RankAssignment, WorkerSpec
 from elastic_agent.supervision.launch.workers import WorkerGroup

@@ -24,11 +24,11 @@ from typing import NamedTuple
 import pytest
 import redis
 
-from elastic_agent.coordination import log_records
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.event_records import EventType, encode_event
-from elastic_agent.coordination.keyspace import JOBS_INDEX, JobKeys
-from elastic_agent.coordination.log_records import (
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.wire import log_records
+from elastic_agent.coordination.wire.event_records import EventType, encode_event
+from elastic_agent.coordination.wire.keyspace import JOBS_INDEX, JobKeys
+from elastic_agent.coordination.wire.log_records import (
     MAX_LOG_ENTRY_BYTES,
     LogBatch,
     decode_log_batch,

@@ -9,10 +9,10 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.keyspace import JobKeys
 from elastic_agent.coordination.ports import free_port
-from elastic_agent.coordination.protocol import stream_id_ms
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.protocol import stream_id_ms
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from elastic_agent.supervision.records.publisher import StreamPublisher
 from tests.waiting import wait_until_async

@@ -10,10 +10,10 @@ import types
 
 import pytest
 
-from elastic_agent.coordination.command_records import Command, CommandType, encode_command
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.event_records import EventType
-from elastic_agent.coordination.keyspace import JOBS_INDEX, JobKeys
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.wire.command_records import Command, CommandType, encode_command
+from elastic_agent.coordination.wire.event_records import EventType
+from elastic_agent.coordination.wire.keyspace import JOBS_INDEX, JobKeys
 from elastic_agent.supervision.records.job_records import ReseedSchedule
 from tests.agents import SCRIPTS, Agent, alive, wait_until
 from tests.test_agent import FAST, agent_args, log_lines, of_type
@@ -92,7 +92,7 @@ def test_redis_back_empty_restores_the_job_without_touching_the_workers(
 
 
 def test_an_attached_console_does_not_count_the_announcement_again_as_a_restart():
-    from elastic_agent.coordination.event_records import Event
+    from elastic_agent.coordination.wire.event_records import Event
     from elastic_console.job.state import JobView
 
     view = JobView("j", scrollback=10)
@@ -131,7 +131,7 @@ def test_a_job_whose_agents_all_died_shows_lost(redis_url, r, job_id, tmp_path):
 def test_the_console_shows_a_job_whose_agents_died_as_lost(redis_url, r, job_id, tmp_path):
     import asyncio
 
-    from elastic_agent.coordination.endpoints import parse_endpoint
+    from elastic_agent.coordination.transport.endpoints import parse_endpoint
     from elastic_console.tui.app import ConsoleApp
 
     agent = Agent(agent_args(redis_url, job_id, "--nproc-per-node", "1", FAST,

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from elastic_agent.coordination import pressure
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.event_records import EventType
-from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.transport import pressure
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.wire.event_records import EventType
+from elastic_agent.coordination.wire.keyspace import JobKeys
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from tests.agents import SCRIPTS, Agent, wait_until
 

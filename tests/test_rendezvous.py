@@ -15,11 +15,9 @@ from collections.abc import Iterator
 import pytest
 from redis.crc import key_slot
 
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.keyspace import JobKeys
 from elastic_agent.coordination.ports import free_port
-from elastic_agent.coordination.rendezvous import RedisRendezvous
-from elastic_agent.coordination.rendezvous_types import (
+from elastic_agent.coordination.rendezvous.drivers.drivers import RedisRendezvous
+from elastic_agent.coordination.rendezvous.drivers.types import (
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousError,
@@ -28,6 +26,8 @@ from elastic_agent.coordination.rendezvous_types import (
     RendezvousSettings,
     RendezvousTimeoutError,
 )
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.wire.keyspace import JobKeys
 from tests.waiting import wait_until
 
 
@@ -376,7 +376,7 @@ def test_bad_settings_are_refused() -> None:
 
 
 def test_joining_lists_the_job_in_the_index(nodes: Nodes, r, job_id: str) -> None:
-    from elastic_agent.coordination.keyspace import JOBS_INDEX
+    from elastic_agent.coordination.wire.keyspace import JOBS_INDEX
 
     nodes.make(fixed(1)).next_rendezvous()
     assert r.zscore(JOBS_INDEX, job_id) is not None
@@ -386,7 +386,7 @@ def test_joining_lists_the_job_in_the_index(nodes: Nodes, r, job_id: str) -> Non
 def test_heartbeats_outlive_a_refusal_such_as_oom(private_redis, job_id: str) -> None:
     """maxmemory with noeviction makes every write (the heartbeat script's too) fail with
     OOM; once memory is back the same node beats again, never having left its round."""
-    from elastic_agent.coordination.connection import make_client
+    from elastic_agent.coordination.transport.connection import make_client
 
     handle = RedisRendezvous(private_redis.url, job_id,
                              fixed(1, keep_alive_interval=0.05, heartbeat_timeout=5),
@@ -470,7 +470,7 @@ def test_a_big_round_wakes_nobody_for_its_last_call_and_still_completes(
 def test_a_round_opened_is_read_from_the_notify_stream(nodes: Nodes, r, job_id: str) -> None:
     """The agents' watch re-forms on the notify stream's "open" alone (no summary first):
     every other kind of entry leaves it watching."""
-    from elastic_agent.coordination.rendezvous_types import opens_a_round
+    from elastic_agent.coordination.rendezvous.drivers.types import opens_a_round
 
     a, b = nodes.make(fixed(2)), nodes.make(fixed(2))
     nodes.join_all([a, b])

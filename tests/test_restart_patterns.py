@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from elastic_agent.coordination.event_records import EventType
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.round_records import decode_round_end
+from elastic_agent.coordination.wire.event_records import EventType
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.round_records import decode_round_end
 from elastic_agent.supervision.diagnosis.restart_patterns import (
     DO_NOT_REQUEUE,
     HISTORY_CAP,

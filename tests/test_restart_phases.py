@@ -17,7 +17,12 @@ import textwrap
 
 import pytest
 
-from elastic_agent.coordination.event_records import RESTART_PHASES, EventType, decode_event, encode_event
+from elastic_agent.coordination.wire.event_records import (
+    RESTART_PHASES,
+    EventType,
+    decode_event,
+    encode_event,
+)
 from elastic_agent.supervision.launch import probes
 from elastic_agent.supervision.records.events import RestartClock
 from elastic_console.job.restarts import restart_took

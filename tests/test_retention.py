@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from elastic_agent.coordination.connection import make_async_client
-from elastic_agent.coordination.keyspace import JOBS_INDEX, JobKeys
-from elastic_agent.coordination.rendezvous import RedisRendezvous
-from elastic_agent.coordination.rendezvous_types import RendezvousSettings
+from elastic_agent.coordination.rendezvous.drivers.drivers import RedisRendezvous
+from elastic_agent.coordination.rendezvous.drivers.types import RendezvousSettings
 from elastic_agent.coordination.store import RedisStore
+from elastic_agent.coordination.transport.connection import make_async_client
+from elastic_agent.coordination.wire.keyspace import JOBS_INDEX, JobKeys
 from elastic_agent.supervision.config import parse_args
 from elastic_agent.supervision.records.retention import JobRetention, parse_duration, running_ttl
 from elastic_console.cli import main as console

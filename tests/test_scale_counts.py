@@ -20,10 +20,10 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from elastic_agent.coordination.connection import make_async_client, make_client
-from elastic_agent.coordination.endpoints import parse_endpoint
-from elastic_agent.coordination.rendezvous import RedisRendezvous
-from elastic_agent.coordination.rendezvous_types import RendezvousSettings
+from elastic_agent.coordination.rendezvous.drivers.drivers import RedisRendezvous
+from elastic_agent.coordination.rendezvous.drivers.types import RendezvousSettings
+from elastic_agent.coordination.transport.connection import make_async_client, make_client
+from elastic_agent.coordination.transport.endpoints import parse_endpoint
 from elastic_agent.supervision.diagnosis.stall import StallWatch
 from elastic_agent.supervision.hosting.standalone import RedisServer
 

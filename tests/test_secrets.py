@@ -23,9 +23,10 @@ from urllib.parse import quote
 import pytest
 import redis
 
-from elastic_agent.coordination import endpoints
-from elastic_agent.coordination.connection import RedisUnavailableError, explain_error, make_client
-from elastic_agent.coordination.endpoints import (
+from elastic_agent.coordination.ports import free_port
+from elastic_agent.coordination.transport import endpoints
+from elastic_agent.coordination.transport.connection import RedisUnavailableError, explain_error, make_client
+from elastic_agent.coordination.transport.endpoints import (
     Endpoint,
     EndpointError,
     parse_endpoint,
@@ -33,9 +34,8 @@ from elastic_agent.coordination.endpoints import (
     redact_endpoint,
     with_outside_password,
 )
-from elastic_agent.coordination.event_records import EventType, decode_event
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.ports import free_port
+from elastic_agent.coordination.wire.event_records import EventType, decode_event
+from elastic_agent.coordination.wire.keyspace import JobKeys
 from elastic_agent.supervision.config import UsageError, parse_args
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from elastic_console.tui.app import ConsoleApp
@@ -108,7 +108,7 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("secrets") / "reach_redis.py"
     path.write_text(
         "import os\n"
-        "from elastic_agent.coordination.connection import make_client\n"
+        "from elastic_agent.coordination.transport.connection import make_client\n"
         "make_client(os.environ['ELASTIC_REDIS_URL']).ping()\n"
         "print(f\"rank {os.environ['RANK']} reached redis\", flush=True)\n")
     return path

@@ -22,26 +22,26 @@ from pathlib import Path
 import pytest
 import redis
 
-from elastic_agent.coordination.connection import (
+from elastic_agent.coordination.ports import free_port
+from elastic_agent.coordination.store import RedisStore
+from elastic_agent.coordination.transport.connection import (
     RedisUnavailableError,
     connect,
     describe_endpoint,
     make_async_client,
     make_client,
 )
-from elastic_agent.coordination.endpoints import (
+from elastic_agent.coordination.transport.endpoints import (
     EndpointError,
     parse_endpoint,
     redact,
     username_of,
     with_outside_password,
 )
-from elastic_agent.coordination.event_records import EventType
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.log_records import LogBatch, decode_log_entries
-from elastic_agent.coordination.ports import free_port
-from elastic_agent.coordination.protocol import stream_id_ms
-from elastic_agent.coordination.store import RedisStore
+from elastic_agent.coordination.wire.event_records import EventType
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.log_records import LogBatch, decode_log_entries
+from elastic_agent.coordination.wire.protocol import stream_id_ms
 from elastic_agent.supervision.hosting.standalone import RedisServer, find_redis_server
 from elastic_console.job.client import JobClient
 from tests.agents import SCRIPTS, Agent, alive, wait_until

@@ -21,8 +21,8 @@ import psutil
 import pytest
 import redis
 
-from elastic_agent.coordination.event_records import Event, EventType, decode_event
-from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.wire.event_records import Event, EventType, decode_event
+from elastic_agent.coordination.wire.keyspace import JobKeys
 from elastic_console.job.state import JobView
 from tests.agents import EXAMPLES, ROOT, SCRIPTS, Agent
 from tests.slurm import SlurmCluster

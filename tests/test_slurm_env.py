@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.keyspace import console_client_name
 from elastic_agent.coordination.ports import free_port
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.wire.keyspace import console_client_name
 from elastic_agent.supervision.config import UsageError, parse_args
 from elastic_agent.supervision.hosting import slurm_redis
 from elastic_agent.supervision.hosting.slurm import (

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastic_agent.coordination import command_records, protocol, trace_records
-from elastic_agent.coordination.stack_dumps import (
+from elastic_agent.coordination.wire import command_records, protocol, trace_records
+from elastic_agent.coordination.wire.stack_dumps import (
     MAX_FRAMES,
     MAX_THREADS,
     Frame,
@@ -30,7 +30,7 @@ from elastic_agent.coordination.stack_dumps import (
     render_faulthandler,
     summarize,
 )
-from elastic_agent.coordination.stack_replies import rank_stack
+from elastic_agent.coordination.wire.stack_replies import rank_stack
 from elastic_agent.supervision.diagnosis.stacks import parse_stack_signal
 from tests.reach import Reach
 

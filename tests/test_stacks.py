@@ -26,12 +26,12 @@ import psutil
 import pytest
 import redis
 
-from elastic_agent.coordination.command_records import Command, encode_command
-from elastic_agent.coordination.connection import make_async_client
-from elastic_agent.coordination.endpoints import parse_endpoint
-from elastic_agent.coordination.event_records import EventType
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.stack_replies import read_stack_replies
+from elastic_agent.coordination.transport.connection import make_async_client
+from elastic_agent.coordination.transport.endpoints import parse_endpoint
+from elastic_agent.coordination.wire.command_records import Command, encode_command
+from elastic_agent.coordination.wire.event_records import EventType
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.stack_replies import read_stack_replies
 from elastic_agent.supervision.config import RUN_PATH_BOOTSTRAP
 from elastic_agent.supervision.diagnosis import stacks
 from elastic_agent.supervision.launch import probes
@@ -251,8 +251,8 @@ def test_replies_behind_every_nodes_ack_are_all_read(redis_url, r, job_id):
     """Each node acks after publishing its ranks' replies; the acks (one per node) are read
     faster than the replies (one per rank): every reply in the stream's tail after the last
     ack is still read, however many reads long it is."""
-    from elastic_agent.coordination.event_records import encode_event
-    from elastic_agent.coordination.trace_records import StackReply, encode_stack_reply
+    from elastic_agent.coordination.wire.event_records import encode_event
+    from elastic_agent.coordination.wire.trace_records import StackReply, encode_stack_reply
 
     keys = JobKeys(job_id)
     request = "c-0123456789ab"
@@ -284,7 +284,7 @@ def test_replies_behind_every_nodes_ack_are_all_read(redis_url, r, job_id):
 def test_the_replies_of_a_job_larger_than_the_streams_floor_are_all_kept(redis_url, r, job_id):
     """The stacks stream's cap grows with the job: one request's replies of 12,000 ranks are
     all there for a reader that is behind (a fixed cap of 10,000 trimmed the first ones)."""
-    from elastic_agent.coordination.stack_dumps import RankStack, parse_faulthandler
+    from elastic_agent.coordination.wire.stack_dumps import RankStack, parse_faulthandler
 
     ranks = 12_000
     threads = parse_faulthandler('Thread 0x01 (most recent call first):\n'

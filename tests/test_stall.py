@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from elastic_agent.coordination.connection import make_async_client
-from elastic_agent.coordination.endpoints import parse_endpoint
-from elastic_agent.coordination.event_records import EventType, decode_event
-from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.transport.connection import make_async_client
+from elastic_agent.coordination.transport.endpoints import parse_endpoint
+from elastic_agent.coordination.wire.event_records import EventType, decode_event
+from elastic_agent.coordination.wire.keyspace import JobKeys
 from elastic_agent.supervision.config import UsageError, parse_args
 from elastic_agent.supervision.diagnosis.stall import ProgressMeter, StallWatch
 from elastic_console.tui.app import ConsoleApp
@@ -246,8 +246,8 @@ def test_progress_meter_counts_output_and_cpu_over_the_threshold():
 
 
 def test_the_console_state_marks_stalled_ranks_until_they_print_again():
-    from elastic_agent.coordination.event_records import encode_event
-    from elastic_agent.coordination.log_records import LogBatch
+    from elastic_agent.coordination.wire.event_records import encode_event
+    from elastic_agent.coordination.wire.log_records import LogBatch
     from elastic_console.job.state import JobView
 
     v = JobView("job-s")

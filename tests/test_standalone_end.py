@@ -24,10 +24,10 @@ import redis
 from textual.pilot import Pilot
 from textual.worker import WorkerState
 
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.endpoints import parse_endpoint
-from elastic_agent.coordination.event_records import EventType, decode_event, encode_event
-from elastic_agent.coordination.keyspace import console_client_name
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.transport.endpoints import parse_endpoint
+from elastic_agent.coordination.wire.event_records import EventType, decode_event, encode_event
+from elastic_agent.coordination.wire.keyspace import console_client_name
 from elastic_console.job.state import JobView
 from tests.agents import Agent, wait_until
 from tests.test_console_app import App, run, screen_text

@@ -11,8 +11,6 @@ from typing import Any
 import pytest
 import redis
 
-from elastic_agent.coordination.connection import RedisUnavailableError, make_client
-from elastic_agent.coordination.keyspace import JobKeys
 from elastic_agent.coordination.ports import free_port
 from elastic_agent.coordination.store import (
     RedisStore,
@@ -20,6 +18,8 @@ from elastic_agent.coordination.store import (
     barrier,
     synchronize,
 )
+from elastic_agent.coordination.transport.connection import RedisUnavailableError, make_client
+from elastic_agent.coordination.wire.keyspace import JobKeys
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from tests.waiting import wait_until
 

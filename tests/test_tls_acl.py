@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.event_records import EventType
 from elastic_agent.coordination.ports import free_port
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.wire.event_records import EventType
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from tests.agents import ROOT, SCRIPTS, Agent, wait_until
 from tests.test_agent import FAST, of_type, worker_pids

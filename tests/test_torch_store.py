@@ -16,11 +16,11 @@ import pytest
 import redis
 import torch.distributed as dist
 
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.keyspace import JobKeys
 from elastic_agent.coordination.ports import free_port
 from elastic_agent.coordination.store import RedisStore
 from elastic_agent.coordination.torch_compat import TorchRedisStore
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.wire.keyspace import JobKeys
 from tests.waiting import blocked_in, client_ids, wait_until
 
 

@@ -22,9 +22,14 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elastic_agent.coordination import endpoints
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.endpoints import EndpointError, parse_endpoint, redact, redact_endpoint
+from elastic_agent.coordination.transport import endpoints
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.transport.endpoints import (
+    EndpointError,
+    parse_endpoint,
+    redact,
+    redact_endpoint,
+)
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from tests.agents import Agent
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from elastic_agent.coordination.event_records import EventType
+from elastic_agent.coordination.wire.event_records import EventType
 from elastic_agent.supervision.diagnosis.watchdog import (
     MAX_REQUEST_BYTES,
     TimerRequest,

@@ -38,16 +38,16 @@ from typing import Any, TypeVar
 
 import redis
 
-from elastic_agent.coordination.connection import (
+from elastic_agent.coordination.transport.connection import (
     RedisUnavailableError,
     describe_endpoint,
     explain_error,
     make_client,
     socket_timeout_of,
 )
-from elastic_agent.coordination.endpoints import Endpoint, parse_endpoint
-from elastic_agent.coordination.keyspace import NOTIFY_MAXLEN, JobKeys
-from elastic_agent.coordination.pressure import OOM, is_oom
+from elastic_agent.coordination.transport.endpoints import Endpoint, parse_endpoint
+from elastic_agent.coordination.transport.pressure import OOM, is_oom
+from elastic_agent.coordination.wire.keyspace import NOTIFY_MAXLEN, JobKeys
 
 T = TypeVar("T")
 
@@ -207,7 +207,7 @@ class RedisStore:
 
     The store is safe to share between threads: each blocking wait holds its own
     connection of the reader client's pool. Redis errors that outlive the clients' retries
-    are raised as :class:`~elastic_agent.coordination.connection.RedisUnavailableError`.
+    are raised as :class:`~elastic_agent.coordination.transport.connection.RedisUnavailableError`.
     """
 
     def __init__(

@@ -30,13 +30,13 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousTimeoutError,
 )
 
-from elastic_agent.coordination.connection import RedisUnavailableError
-from elastic_agent.coordination.endpoints import Endpoint
-from elastic_agent.coordination.rendezvous import RedisRendezvous
-from elastic_agent.coordination.rendezvous_types import RendezvousSettings
+from elastic_agent.coordination.rendezvous.drivers.drivers import RedisRendezvous
+from elastic_agent.coordination.rendezvous.drivers.types import RendezvousSettings
 from elastic_agent.coordination.store import DEFAULT_TIMEOUT, RedisStore, StoreTimeoutError
+from elastic_agent.coordination.transport.connection import RedisUnavailableError
+from elastic_agent.coordination.transport.endpoints import Endpoint
 
-from . import rendezvous_types
+from .rendezvous import types as rendezvous_types
 
 __all__ = ["LogPlan", "LogsSpecsPlugin", "TorchRedisStore"]
 

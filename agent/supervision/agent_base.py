@@ -25,18 +25,18 @@ from typing import IO, Any, TypeVar
 import redis
 import redis.asyncio as aioredis
 
-from ..coordination.command_records import Command
-from ..coordination.connection import explain_error, raise_if_cancelled
-from ..coordination.keyspace import JobKeys
-from ..coordination.pressure import OOM
-from ..coordination.rendezvous import RedisRendezvous
-from ..coordination.rendezvous_types import (
+from ..coordination.rendezvous.drivers import RedisRendezvous
+from ..coordination.rendezvous.types import (
     RendezvousConnectionError,
     RendezvousOutOfMemoryError,
     RendezvousResult,
 )
-from ..coordination.stream_mux import MuxReader, StreamMux
-from ..coordination.text import terminal_line
+from ..coordination.transport.connection import explain_error, raise_if_cancelled
+from ..coordination.transport.pressure import OOM
+from ..coordination.transport.stream_mux import MuxReader, StreamMux
+from ..coordination.wire.command_records import Command
+from ..coordination.wire.keyspace import JobKeys
+from ..coordination.wire.text import terminal_line
 from .config import AgentConfig
 from .diagnosis import recorder
 from .diagnosis.pattern_watch import PatternWatch

@@ -20,13 +20,13 @@ from types import FrameType
 
 import redis
 
-from ..coordination.connection import RedisUnavailableError, connect, make_client
-from ..coordination.endpoints import argv_without_passwords, parse_endpoint, redact
-from ..coordination.event_records import EventType, encode_event
-from ..coordination.keyspace import EVENTS_MAXLEN, JobKeys
-from ..coordination.protocol import ProtocolError
-from ..coordination.rendezvous_types import RendezvousConnectionError, RendezvousError
-from ..coordination.text import terminal_line, terminal_lines
+from ..coordination.rendezvous.types import RendezvousConnectionError, RendezvousError
+from ..coordination.transport.connection import RedisUnavailableError, connect, make_client
+from ..coordination.transport.endpoints import argv_without_passwords, parse_endpoint, redact
+from ..coordination.wire.event_records import EventType, encode_event
+from ..coordination.wire.keyspace import EVENTS_MAXLEN, JobKeys
+from ..coordination.wire.protocol import ProtocolError
+from ..coordination.wire.text import terminal_line, terminal_lines
 from .config import AgentConfig, UsageError, parse_args
 from .hosting import slurm_redis
 from .hosting.standalone import RedisServer, RedisServerNotFoundError, attached_consoles, start_standalone

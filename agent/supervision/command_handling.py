@@ -13,8 +13,8 @@ import asyncio
 
 import redis
 
-from ..coordination.command_records import Command, CommandType
-from ..coordination.event_records import EventType
+from ..coordination.wire.command_records import Command, CommandType
+from ..coordination.wire.event_records import EventType
 from .agent_base import AgentBase
 from .loops import keep_running
 from .records.commands import CommandReader, Rejected, stacks_refused

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..coordination.endpoints import (
+from ..coordination.rendezvous.types import RendezvousSettings
+from ..coordination.transport.endpoints import (
     PASSWORD_ENV,
     PASSWORD_FILE_ENV,
     Endpoint,
@@ -25,8 +26,7 @@ from ..coordination.endpoints import (
     parse_endpoint,
     with_outside_password,
 )
-from ..coordination.keyspace import InvalidJobIdError, validate_job_id
-from ..coordination.rendezvous_types import RendezvousSettings
+from ..coordination.wire.keyspace import InvalidJobIdError, validate_job_id
 from .diagnosis import restart_patterns
 from .diagnosis.recorder import DEFAULT_ENTRIES as DEFAULT_FLIGHT_RECORDER
 from .diagnosis.recorder import DEFAULT_STRAGGLER_INTERVAL

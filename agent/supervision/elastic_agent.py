@@ -43,16 +43,17 @@ from typing import IO, Any
 import redis
 import redis.asyncio as aioredis
 
-from ..coordination import protocol, stream_mux
-from ..coordination.cluster import config_get_each
-from ..coordination.command_records import Command, CommandType
-from ..coordination.connection import make_async_client
-from ..coordination.event_records import EventType
-from ..coordination.keyspace import JobKeys
-from ..coordination.pressure import OOM, eviction_policy_warning
-from ..coordination.rendezvous import RedisRendezvous
-from ..coordination.rendezvous_types import RendezvousError, RendezvousResult
-from ..coordination.stream_mux import StreamMux
+from ..coordination.rendezvous.drivers import RedisRendezvous
+from ..coordination.rendezvous.types import RendezvousError, RendezvousResult
+from ..coordination.transport import stream_mux
+from ..coordination.transport.cluster import config_get_each
+from ..coordination.transport.connection import make_async_client
+from ..coordination.transport.pressure import OOM, eviction_policy_warning
+from ..coordination.transport.stream_mux import StreamMux
+from ..coordination.wire import protocol
+from ..coordination.wire.command_records import Command, CommandType
+from ..coordination.wire.event_records import EventType
+from ..coordination.wire.keyspace import JobKeys
 from . import run_summary
 from .agent_base import EXIT_STOPPED, NEWER_ROUND, Outcome, Round
 from .command_handling import CommandHandling

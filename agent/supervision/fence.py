@@ -24,7 +24,7 @@ import signal
 import time
 from collections.abc import Callable
 
-from ..coordination.rendezvous import RedisRendezvous
+from ..coordination.rendezvous.drivers import RedisRendezvous
 from .launch.workers import WorkerGroup
 
 

@@ -20,13 +20,13 @@ from typing import Any
 
 import redis
 
-from ..coordination import event_records
-from ..coordination.command_records import Command, CommandType
-from ..coordination.connection import RedisUnavailableError, raise_if_cancelled
-from ..coordination.event_records import EventType
-from ..coordination.rendezvous_types import RendezvousResult
+from ..coordination.rendezvous.types import RendezvousResult
 from ..coordination.store import StoreTimeoutError, barrier
-from ..coordination.text import terminal_line
+from ..coordination.transport.connection import RedisUnavailableError, raise_if_cancelled
+from ..coordination.wire import event_records
+from ..coordination.wire.command_records import Command, CommandType
+from ..coordination.wire.event_records import EventType
+from ..coordination.wire.text import terminal_line
 from . import run_summary
 from .agent_base import EXIT_STOPPED, AgentBase, Outcome
 from .exit_barrier import BarrierLeft, LeavableStore

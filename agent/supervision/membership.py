@@ -19,9 +19,7 @@ from typing import Any
 
 import redis
 
-from ..coordination.connection import raise_if_cancelled
-from ..coordination.event_records import EventType
-from ..coordination.rendezvous_types import (
+from ..coordination.rendezvous.types import (
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousOutOfMemoryError,
@@ -29,6 +27,8 @@ from ..coordination.rendezvous_types import (
     RendezvousResult,
     opens_a_round,
 )
+from ..coordination.transport.connection import raise_if_cancelled
+from ..coordination.wire.event_records import EventType
 from .agent_base import NEWER_ROUND, AgentBase, Outcome
 from .loops import Cadence
 from .records import pages

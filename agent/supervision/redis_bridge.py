@@ -29,7 +29,7 @@ from typing import Any
 
 import redis
 
-from ..coordination.connection import priority as redis_priority
+from ..coordination.transport.connection import priority as redis_priority
 
 _PLAIN = (bytes, str, int, float, bool, list, tuple, dict, set, type(None))
 

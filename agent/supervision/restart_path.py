@@ -18,8 +18,8 @@ from typing import Any
 
 import redis
 
-from ..coordination import event_records, protocol
-from ..coordination.event_records import EventType
+from ..coordination.wire import event_records, protocol
+from ..coordination.wire.event_records import EventType
 from .agent_base import AgentBase
 from .diagnosis.restart_patterns import Patterns
 from .diagnosis.stall import Stall

@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import IO, Any
 
-from elastic_agent.coordination.connection import RedisUnavailableError
-from elastic_agent.coordination.endpoints import Endpoint, redact
-from elastic_agent.coordination.keyspace import InvalidJobIdError, validate_job_id
-from elastic_agent.coordination.text import terminal_line
+from elastic_agent.coordination.transport.connection import RedisUnavailableError
+from elastic_agent.coordination.transport.endpoints import Endpoint, redact
+from elastic_agent.coordination.wire.keyspace import InvalidJobIdError, validate_job_id
+from elastic_agent.coordination.wire.text import terminal_line
 
 from ..job.client import JobClient
 from ..job.state import ConnectionChange, JobView

@@ -11,8 +11,8 @@ import asyncio
 import sys
 import time
 
-from elastic_agent.coordination.command_records import CommandType
-from elastic_agent.coordination.endpoints import Endpoint
+from elastic_agent.coordination.transport.endpoints import Endpoint
+from elastic_agent.coordination.wire.command_records import CommandType
 
 from ..job.client import Ack
 from .common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, PROG, CliError, _fail, _job, _load_view, _open, _out

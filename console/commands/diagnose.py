@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from elastic_agent.coordination.endpoints import Endpoint
-from elastic_agent.coordination.text import sanitize
+from elastic_agent.coordination.transport.endpoints import Endpoint
+from elastic_agent.coordination.wire.text import sanitize
 
 from .common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CliError, _fail, _job, _open, _out, _write
 

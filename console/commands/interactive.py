@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from elastic_agent.coordination.endpoints import Endpoint
+from elastic_agent.coordination.transport.endpoints import Endpoint
 
 from ..job.client import JobClient
 from ..job.state import DEFAULT_SCROLLBACK

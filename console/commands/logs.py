@@ -16,9 +16,9 @@ import time
 import unicodedata
 from collections.abc import Iterable
 
-from elastic_agent.coordination.endpoints import Endpoint
-from elastic_agent.coordination.log_records import STDERR, LogBatch
-from elastic_agent.coordination.text import sanitize, strip_sgr, terminal_line
+from elastic_agent.coordination.transport.endpoints import Endpoint
+from elastic_agent.coordination.wire.log_records import STDERR, LogBatch
+from elastic_agent.coordination.wire.text import sanitize, strip_sgr, terminal_line
 
 from ..job.dedupe import Collapser, Group
 from ..job.log_fold import BatchDeduper

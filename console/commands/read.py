@@ -10,9 +10,9 @@ import json
 import sys
 from typing import Any
 
-from elastic_agent.coordination.endpoints import Endpoint
-from elastic_agent.coordination.event_records import Event
-from elastic_agent.coordination.text import sanitize, terminal_line
+from elastic_agent.coordination.transport.endpoints import Endpoint
+from elastic_agent.coordination.wire.event_records import Event
+from elastic_agent.coordination.wire.text import sanitize, terminal_line
 
 from ..job.formatting import fmt_age, fmt_bytes
 from ..job.model import RankState

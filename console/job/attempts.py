@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_agent.coordination.log_records import LogBatch
-from elastic_agent.coordination.protocol import stream_id_ms
+from elastic_agent.coordination.wire.log_records import LogBatch
+from elastic_agent.coordination.wire.protocol import stream_id_ms
 
 #: Entries read per round trip.
 PAGE = 500

@@ -1,9 +1,9 @@
 """JobClient: reads a job's streams from Redis and sends it commands. asyncio; no Textual.
 
 The console's only door to Redis. It speaks the wire contract of
-:mod:`elastic_agent.coordination.protocol` (every key comes from
-:mod:`elastic_agent.coordination.keyspace`) through the clients of
-:mod:`elastic_agent.coordination.connection`:
+:mod:`elastic_agent.coordination.wire.protocol` (every key comes from
+:mod:`elastic_agent.coordination.wire.keyspace`) through the clients of
+:mod:`elastic_agent.coordination.transport.connection`:
 
 * a command client (fail fast, a couple of retries) for everything that does not block;
 * a blocking reader (socket timeout longer than its ``XREAD BLOCK``) for :meth:`follow` and
@@ -23,7 +23,7 @@ Reading contract (FIELD-NOTES: ``$`` can skip entries, a reader must re-send its
   and 16 log tags), each on its own connection; on one server, one XREAD as before.
 
 Every message names the endpoint by ``Endpoint.display`` (password redacted). Connection
-problems surface as :class:`~elastic_agent.coordination.connection.RedisUnavailableError` with a
+problems surface as :class:`~elastic_agent.coordination.transport.connection.RedisUnavailableError` with a
 one-line explanation.
 """
 
@@ -45,23 +45,23 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError
 
-from elastic_agent.coordination.cluster import (
+from elastic_agent.coordination.transport.cluster import (
     execute_on_node_of,
     give_key_ttls,
     give_ttls,
     is_cluster,
     scan_batches,
 )
-from elastic_agent.coordination.command_records import Command, CommandType, encode_command
-from elastic_agent.coordination.connection import (
+from elastic_agent.coordination.transport.connection import (
     RedisUnavailableError,
     explain_error,
     make_async_client,
     raise_if_cancelled,
 )
-from elastic_agent.coordination.endpoints import Endpoint, parse_endpoint
-from elastic_agent.coordination.event_records import Event, EventType, decode_event
-from elastic_agent.coordination.keyspace import (
+from elastic_agent.coordination.transport.endpoints import Endpoint, parse_endpoint
+from elastic_agent.coordination.wire.command_records import Command, CommandType, encode_command
+from elastic_agent.coordination.wire.event_records import Event, EventType, decode_event
+from elastic_agent.coordination.wire.keyspace import (
     COMMANDS_MAXLEN,
     JOBS_INDEX,
     InvalidJobIdError,
@@ -69,10 +69,10 @@ from elastic_agent.coordination.keyspace import (
     console_client_name,
     validate_job_id,
 )
-from elastic_agent.coordination.log_records import LogBatch, decode_log_entries
-from elastic_agent.coordination.protocol import ProtocolError, decode_json
-from elastic_agent.coordination.round_records import RoundInfo
-from elastic_agent.coordination.text import sanitize
+from elastic_agent.coordination.wire.log_records import LogBatch, decode_log_entries
+from elastic_agent.coordination.wire.protocol import ProtocolError, decode_json
+from elastic_agent.coordination.wire.round_records import RoundInfo
+from elastic_agent.coordination.wire.text import sanitize
 
 from .attempts import AttemptLogs, read_attempt
 from .follow import (

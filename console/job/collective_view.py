@@ -14,13 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_agent.coordination.collective_replies import (
-    read_collective_replies,
-    request_collectives,
-)
-from elastic_agent.coordination.collectives import RankTrace, analyse, summary_lines
-from elastic_agent.coordination.endpoints import Endpoint
-from elastic_agent.coordination.stack_replies import current_round
+from elastic_agent.coordination.transport.endpoints import Endpoint
+from elastic_agent.coordination.wire.collective_replies import read_collective_replies, request_collectives
+from elastic_agent.coordination.wire.collectives import RankTrace, analyse, summary_lines
+from elastic_agent.coordination.wire.stack_replies import current_round
 
 from .client import issuer
 from .stack_view import DEFAULT_TIMEOUT, _client, asked_lately, note_asked

@@ -27,7 +27,7 @@ import itertools
 from collections.abc import Iterable
 from typing import Any
 
-from elastic_agent.coordination.stack_dumps import format_ranks
+from elastic_agent.coordination.wire.stack_dumps import format_ranks
 
 from .logbuffer import LogBuffer, LogRing
 

@@ -57,9 +57,9 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from elastic_agent.coordination.event_records import Event, EventType
-from elastic_agent.coordination.protocol import MAX_NAME_CHARS, MAX_RANK, rank_list, record_list
-from elastic_agent.coordination.text import sanitize
+from elastic_agent.coordination.wire.event_records import Event, EventType
+from elastic_agent.coordination.wire.protocol import MAX_NAME_CHARS, MAX_RANK, rank_list, record_list
+from elastic_agent.coordination.wire.text import sanitize
 
 from .dedupe import format_ranks
 from .fields import _clip, _detail, _float, _host, _int, _q

@@ -1,6 +1,6 @@
 """Reading a record's fields without trusting them: a number only when it is one (a bool is
 not, to the protocol), the default when a field is missing or mistyped; names and timeline
-text cut to their bounds and sanitized (:func:`elastic_agent.coordination.text.sanitize`).
+text cut to their bounds and sanitized (:func:`elastic_agent.coordination.wire.text.sanitize`).
 Shared by the parts of the fold (state, event_fold, log_fold, restarts), and theirs only:
 the names keep their underscore, they are no API for the screens or the CLI.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from elastic_agent.coordination.protocol import MAX_NAME_CHARS
-from elastic_agent.coordination.text import sanitize
+from elastic_agent.coordination.wire.protocol import MAX_NAME_CHARS
+from elastic_agent.coordination.wire.text import sanitize
 
 from .model import MAX_DETAIL_CHARS
 

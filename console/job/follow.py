@@ -19,10 +19,10 @@ import redis
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-from elastic_agent.coordination.connection import raise_if_cancelled
-from elastic_agent.coordination.event_records import Event, EventType, decode_event
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.log_records import LogBatch, LogEntryDecoder
+from elastic_agent.coordination.transport.connection import raise_if_cancelled
+from elastic_agent.coordination.wire.event_records import Event, EventType, decode_event
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.log_records import LogBatch, LogEntryDecoder
 
 from .state import ConnectionChange, Skipped
 

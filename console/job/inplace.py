@@ -2,7 +2,7 @@
 
 An agent ships a line that a worker redraws with ``\\r`` as the ``live`` last line of a log
 batch, and the first line of the same stream's next batch (``seq + 1``) is that line again,
-newer or final (see :class:`~elastic_agent.coordination.log_records.LogBatch`). A reader that
+newer or final (see :class:`~elastic_agent.coordination.wire.log_records.LogBatch`). A reader that
 keeps lines remembers, per stream, where it put the unfinished one, and puts the next batch's
 first line there instead of after the others: one row that updates, as on a terminal.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
-from elastic_agent.coordination.log_records import LogBatch
+from elastic_agent.coordination.wire.log_records import LogBatch
 
 __all__ = ["InPlaceRows"]
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from elastic_agent.coordination.event_records import Event
-from elastic_agent.coordination.log_records import LogBatch
-from elastic_agent.coordination.protocol import MAX_NAME_CHARS
-from elastic_agent.coordination.text import sanitize
+from elastic_agent.coordination.wire.event_records import Event
+from elastic_agent.coordination.wire.log_records import LogBatch
+from elastic_agent.coordination.wire.protocol import MAX_NAME_CHARS
+from elastic_agent.coordination.wire.text import sanitize
 
 from .fields import _int
 from .logbuffer import LogBuffer, LogLine, LogRing

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from elastic_agent.coordination.event_records import RESTART_PHASES
-from elastic_agent.coordination.text import sanitize
+from elastic_agent.coordination.wire.event_records import RESTART_PHASES
+from elastic_agent.coordination.wire.text import sanitize
 
 from .fields import _float, _q
 

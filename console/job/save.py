@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elastic_agent.coordination.text import sanitize, strip_sgr
+from elastic_agent.coordination.wire.text import sanitize, strip_sgr
 
 __all__ = ["SaveResult", "deliver_log_view", "format_lines", "new_log_file", "save_lines",
            "save_log_view", "shown_lines"]

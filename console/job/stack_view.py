@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_agent.coordination.connection import make_async_client
-from elastic_agent.coordination.endpoints import Endpoint
-from elastic_agent.coordination.round_records import RoundInfo
-from elastic_agent.coordination.stack_dumps import (
+from elastic_agent.coordination.transport.connection import make_async_client
+from elastic_agent.coordination.transport.endpoints import Endpoint
+from elastic_agent.coordination.wire.round_records import RoundInfo
+from elastic_agent.coordination.wire.stack_dumps import (
     RankStack,
     StackGroup,
     ThreadStack,
@@ -24,7 +24,7 @@ from elastic_agent.coordination.stack_dumps import (
     group_line,
     group_stacks,
 )
-from elastic_agent.coordination.stack_replies import (
+from elastic_agent.coordination.wire.stack_replies import (
     BLOCK_MS,
     current_round,
     read_stack_replies,

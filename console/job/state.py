@@ -21,7 +21,7 @@ without trusting it, in :mod:`~elastic_console.job.fields`.
 
 Memory is bounded whatever the records say: at most ``MAX_VIEW_RANKS`` ranks (entries and log
 rings; only ranks within the world once a round gave it) and ``MAX_VIEW_NODES`` nodes, every
-list of an event taken through :func:`~elastic_agent.coordination.protocol.record_list`, names,
+list of an event taken through :func:`~elastic_agent.coordination.wire.protocol.record_list`, names,
 timeline text and detail cut (``MAX_NOTE_CHARS``, ``MAX_DETAIL_CHARS``); within those,
 ``scrollback`` lines per rank (default 2,000), ``all_scrollback`` lines in the
 interleaved all-ranks view (default 50,000; the same line objects as the ranks' newest), a
@@ -30,7 +30,7 @@ the ranks' rings pack all but their newest lines
 (:class:`~elastic_console.job.packed_buffer.PackedLogBuffer`, ~40 bytes a line instead of ~240).
 
 Text that came from the job (log lines, host names, messages) is passed through
-:func:`elastic_agent.coordination.text.sanitize` on the way in, so everything this view holds is
+:func:`elastic_agent.coordination.wire.text.sanitize` on the way in, so everything this view holds is
 safe to show; render it with ``Text.from_ansi``, never as markup.
 """
 
@@ -41,10 +41,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_agent.coordination.event_records import Event
-from elastic_agent.coordination.log_records import LogBatch
-from elastic_agent.coordination.protocol import MAX_NAME_CHARS, is_rank
-from elastic_agent.coordination.text import sanitize
+from elastic_agent.coordination.wire.event_records import Event
+from elastic_agent.coordination.wire.log_records import LogBatch
+from elastic_agent.coordination.wire.protocol import MAX_NAME_CHARS, is_rank
+from elastic_agent.coordination.wire.text import sanitize
 
 from .event_fold import EventFold
 from .fields import _clip, _detail, _float, _host, _int, _s

@@ -52,8 +52,8 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.widgets import OptionList
 
-from elastic_agent.coordination.endpoints import Endpoint
-from elastic_agent.coordination.text import sanitize
+from elastic_agent.coordination.transport.endpoints import Endpoint
+from elastic_agent.coordination.wire.text import sanitize
 
 from ..job.client import JobClient
 from ..job.dedupe import UniqueLogs

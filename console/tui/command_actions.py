@@ -12,8 +12,8 @@ from typing import Any
 
 from textual import work
 
-from elastic_agent.coordination.command_records import CommandType
-from elastic_agent.coordination.connection import RedisUnavailableError
+from elastic_agent.coordination.transport.connection import RedisUnavailableError
+from elastic_agent.coordination.wire.command_records import CommandType
 
 from ..job.client import Ack
 from ..job.model import FINAL_STATES, RUNNING

@@ -39,7 +39,7 @@ import time
 from textual import work
 from textual.worker import Worker, WorkerState
 
-from elastic_agent.coordination.connection import RedisUnavailableError
+from elastic_agent.coordination.transport.connection import RedisUnavailableError
 
 from ..job.client import RESOURCES_PER_SLICE, ConnectionChange, JobClient
 from ..job.state import RANK_LINES_TOTAL, SCROLLBACK_FLOOR

@@ -41,8 +41,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 
-from elastic_agent.coordination.connection import RedisUnavailableError
-from elastic_agent.coordination.endpoints import Endpoint
+from elastic_agent.coordination.transport.connection import RedisUnavailableError
+from elastic_agent.coordination.transport.endpoints import Endpoint
 
 from ..job.client import JobClient, JobSummary
 from ..job.formatting import fmt_age

@@ -24,7 +24,7 @@ from typing import Any
 from textual.app import SystemCommand
 from textual.screen import Screen
 
-from elastic_agent.coordination.text import sanitize
+from elastic_agent.coordination.wire.text import sanitize
 
 from ..job.model import FINAL_STATES
 from .home import JobsScreen

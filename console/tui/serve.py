@@ -46,9 +46,9 @@ import sys
 import time
 from typing import Any
 
-from elastic_agent.coordination.endpoints import Endpoint, parse_endpoint, redact
-from elastic_agent.coordination.keyspace import validate_job_id
-from elastic_agent.coordination.text import terminal_line
+from elastic_agent.coordination.transport.endpoints import Endpoint, parse_endpoint, redact
+from elastic_agent.coordination.wire.keyspace import validate_job_id
+from elastic_agent.coordination.wire.text import terminal_line
 
 from ..job.state import DEFAULT_SCROLLBACK
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import redis
 
-from elastic_agent.coordination import round_records
-from elastic_agent.coordination.event_records import EventType
-from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.wire import round_records
+from elastic_agent.coordination.wire.event_records import EventType
+from elastic_agent.coordination.wire.keyspace import JobKeys
 
 from .restart_patterns import (
     DO_NOT_REQUEUE,

@@ -25,10 +25,10 @@ from typing import Any
 
 import redis
 
-from elastic_agent.coordination import keyspace, trace_records
-from elastic_agent.coordination.collectives import RankTrace, analyse, event_record
-from elastic_agent.coordination.protocol import ProtocolError
-from elastic_agent.coordination.trace_records import CollectiveReply, CollectiveTrace
+from elastic_agent.coordination.wire import keyspace, trace_records
+from elastic_agent.coordination.wire.collectives import RankTrace, analyse, event_record
+from elastic_agent.coordination.wire.protocol import ProtocolError
+from elastic_agent.coordination.wire.trace_records import CollectiveReply, CollectiveTrace
 
 from ..launch import probes
 from ..records.reply_publisher import ReplyPublisher

@@ -49,8 +49,8 @@ from typing import Any
 
 import redis
 
-from elastic_agent.coordination import keyspace, trace_records
-from elastic_agent.coordination.stack_dumps import (
+from elastic_agent.coordination.wire import keyspace, trace_records
+from elastic_agent.coordination.wire.stack_dumps import (
     Frame,
     RankStack,
     ThreadStack,

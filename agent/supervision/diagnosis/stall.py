@@ -27,7 +27,7 @@ claims it. Once reported, the key holds the progress time for good: the same sta
 never reported twice, and a new one needs newer progress first.
 
 The claimer captures every rank's stacks through the ``stacks`` command (job-wide, see
-coordination/stack_replies.py), groups them and publishes a ``stalled`` event naming the odd
+coordination/wire/stack_replies.py), groups them and publishes a ``stalled`` event naming the odd
 ranks: those outside the largest group of identical stacks (the ranks everybody else waits
 for). Then ``--on-stall`` decides: ``observe`` goes on watching, ``restart`` and ``stop`` are
 the agent's (restart_path.py).
@@ -49,11 +49,11 @@ from typing import Any
 import psutil
 import redis
 
-from elastic_agent.coordination import collective_replies, collectives, stack_replies
-from elastic_agent.coordination.event_records import EventType
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.lua import LuaScript
-from elastic_agent.coordination.stack_dumps import StackGroup, format_ranks, group_record, group_stacks
+from elastic_agent.coordination.transport.lua import LuaScript
+from elastic_agent.coordination.wire import collective_replies, collectives, stack_replies
+from elastic_agent.coordination.wire.event_records import EventType
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.stack_dumps import StackGroup, format_ranks, group_record, group_stacks
 
 from ..loops import Cadence
 

@@ -36,11 +36,11 @@ from typing import Any
 
 import redis
 
-from elastic_agent.coordination import trace_records
-from elastic_agent.coordination.event_records import EventType
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.protocol import ProtocolError
-from elastic_agent.coordination.stack_replies import current_round, hosts_by_rank
+from elastic_agent.coordination.wire import trace_records
+from elastic_agent.coordination.wire.event_records import EventType
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.protocol import ProtocolError
+from elastic_agent.coordination.wire.stack_replies import current_round, hosts_by_rank
 
 log = logging.getLogger(__name__)
 

@@ -65,7 +65,7 @@ from typing import Any
 
 import psutil
 
-from elastic_agent.coordination.event_records import EventType
+from elastic_agent.coordination.wire.event_records import EventType
 
 from ..launch.exits import GroupResult, WorkerExit, WorkerStartError
 from ..launch.workers import WorkerGroup

@@ -32,7 +32,7 @@ import contextlib
 import signal
 from typing import Any
 
-from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.wire.keyspace import JobKeys
 
 #: Signals that are the scheduler stopping the job, when the agent runs under srun.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 
 import redis
 
-from elastic_agent.coordination.connection import make_client
-from elastic_agent.coordination.keyspace import console_client_name
+from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.wire.keyspace import console_client_name
 
 from .slurm import SlurmStep, node_address, redis_port
 from .standalone import RedisServer

@@ -35,8 +35,8 @@ from typing import TypeVar
 
 import redis
 
-from elastic_agent.coordination.keyspace import console_client_name
 from elastic_agent.coordination.ports import free_port, port_is_free
+from elastic_agent.coordination.wire.keyspace import console_client_name
 
 
 class RedisServerNotFoundError(RuntimeError):

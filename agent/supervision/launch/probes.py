@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from elastic_agent.coordination import trace_records
+from elastic_agent.coordination.wire import trace_records
 
 from ..records.log_files import open_private_dir
 from . import zygote

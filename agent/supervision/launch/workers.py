@@ -43,7 +43,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from elastic_agent.coordination import log_records
+from elastic_agent.coordination.wire import log_records
 from elastic_agent.supervision.launch import keeper, zygote
 from elastic_agent.supervision.records.logs import NodeLogs, WorkerLogs
 

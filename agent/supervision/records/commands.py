@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator, Callable
 import redis
 import redis.asyncio as aioredis
 
-from elastic_agent.coordination.command_records import MAX_COMMAND_ID_CHARS, Command, decode_command
-from elastic_agent.coordination.connection import raise_if_cancelled
-from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.transport.connection import raise_if_cancelled
+from elastic_agent.coordination.wire.command_records import MAX_COMMAND_ID_CHARS, Command, decode_command
+from elastic_agent.coordination.wire.keyspace import JobKeys
 
 log = logging.getLogger(__name__)
 

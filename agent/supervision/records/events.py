@@ -20,9 +20,9 @@ from typing import Any, TextIO
 import psutil
 import redis.asyncio as aioredis
 
-from elastic_agent.coordination import event_records, keyspace
-from elastic_agent.coordination.event_records import RESTART_PHASES, EventType
-from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.wire import event_records, keyspace
+from elastic_agent.coordination.wire.event_records import RESTART_PHASES, EventType
+from elastic_agent.coordination.wire.keyspace import JobKeys
 
 from ..loops import Cadence
 from .publisher import StreamPublisher

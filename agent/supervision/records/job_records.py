@@ -27,9 +27,9 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from elastic_agent.coordination.keyspace import JOBS_INDEX, JobKeys
-from elastic_agent.coordination.lua import LuaScript
-from elastic_agent.coordination.pressure import OOM, is_oom
+from elastic_agent.coordination.transport.lua import LuaScript
+from elastic_agent.coordination.transport.pressure import OOM, is_oom
+from elastic_agent.coordination.wire.keyspace import JOBS_INDEX, JobKeys
 
 log = logging.getLogger(__name__)
 

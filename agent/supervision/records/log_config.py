@@ -17,7 +17,7 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from elastic_agent.coordination import keyspace
+from elastic_agent.coordination.wire import keyspace
 
 #: Longest line shipped to Redis; the rest of a longer line is replaced by a marker.
 DEFAULT_MAX_LINE_BYTES = 16 * 1024

@@ -2,7 +2,7 @@
 
 Lines go to the node's log stream in Redis through a
 :class:`~elastic_agent.supervision.records.publisher.StreamPublisher`: one
-:class:`~elastic_agent.coordination.log_records.LogBatch` per worker stream and flush, the
+:class:`~elastic_agent.coordination.wire.log_records.LogBatch` per worker stream and flush, the
 batches of all the node's workers in one entry (:class:`NodeBatcher`), which waits up to
 :data:`LOG_LINGER` for more lines (fewer, fuller XADDs; an event sends it at once).
 
@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import asyncio
 
-from elastic_agent.coordination import event_records, log_records
-from elastic_agent.coordination.keyspace import JobKeys
-from elastic_agent.coordination.log_records import LogBatch
+from elastic_agent.coordination.wire import event_records, log_records
+from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.coordination.wire.log_records import LogBatch
 from elastic_agent.supervision.records.log_config import LogConfig
 from elastic_agent.supervision.records.publisher import DropMarkerFactory, Record, StreamPublisher
 

@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 from typing import IO, Protocol
 
-from elastic_agent.coordination import log_records
-from elastic_agent.coordination.keyspace import JobKeys
+from elastic_agent.coordination.wire import log_records
+from elastic_agent.coordination.wire.keyspace import JobKeys
 from elastic_agent.supervision.records.log_config import (
     LogConfig,
     RankDestinations,

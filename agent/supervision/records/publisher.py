@@ -40,9 +40,9 @@ from typing import Any, Protocol
 import redis
 import redis.asyncio as aioredis
 
-from elastic_agent.coordination.connection import make_async_client, raise_if_cancelled, wait_set
-from elastic_agent.coordination.endpoints import Endpoint, redact
-from elastic_agent.coordination.pressure import OOM, is_oom
+from elastic_agent.coordination.transport.connection import make_async_client, raise_if_cancelled, wait_set
+from elastic_agent.coordination.transport.endpoints import Endpoint, redact
+from elastic_agent.coordination.transport.pressure import OOM, is_oom
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from elastic_agent.coordination import keyspace
+from elastic_agent.coordination.wire import keyspace
 
 
 class ReplyPublisher:

@@ -36,8 +36,8 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from elastic_agent.coordination.cluster import give_key_ttls, give_ttls, scan_batches
-from elastic_agent.coordination.keyspace import JOBS_INDEX, JobKeys
+from elastic_agent.coordination.transport.cluster import give_key_ttls, give_ttls, scan_batches
+from elastic_agent.coordination.wire.keyspace import JOBS_INDEX, JobKeys
 
 log = logging.getLogger(__name__)
 

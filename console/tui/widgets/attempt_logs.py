@@ -21,8 +21,8 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Log, Static
 
-from elastic_agent.coordination.endpoints import Endpoint
-from elastic_agent.coordination.text import sanitize, strip_sgr
+from elastic_agent.coordination.transport.endpoints import Endpoint
+from elastic_agent.coordination.wire.text import sanitize, strip_sgr
 from elastic_console.job.attempts import AttemptLogs
 from elastic_console.job.client import JobClient
 

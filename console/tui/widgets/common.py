@@ -15,7 +15,7 @@ from textual.reactive import var
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from elastic_agent.coordination.text import sanitize
+from elastic_agent.coordination.wire.text import sanitize
 from elastic_console.job.formatting import fmt_age, fmt_bytes, fmt_clock
 
 __all__ = [

@@ -24,7 +24,7 @@ from textual.geometry import Size
 from textual.message import Message
 from textual.strip import Strip
 
-from elastic_agent.coordination.text import sanitize, strip_sgr
+from elastic_agent.coordination.wire.text import sanitize, strip_sgr
 
 from .common import JOB_STATE_STYLES, RowCursor, fit_row
 

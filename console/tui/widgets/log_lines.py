@@ -1,7 +1,7 @@
 """One log line as the LogView shows it: its text made safe, its width in cells, its styles,
 and the cache of its rendering. No Textual (Rich only).
 
-Untrusted text: every line goes through :func:`~elastic_agent.coordination.text.sanitize` and is
+Untrusted text: every line goes through :func:`~elastic_agent.coordination.wire.text.sanitize` and is
 turned into Rich ``Text`` with ``Text.from_ansi`` (SGR colours kept) or plain ``Text``:
 never markup. ``[bold]x[/bold]`` shows as those characters; ``ESC ] 0 ; title BEL`` shows as
 ``\\x1b]0;title\\x07``. Tabs are expanded (a raw tab would move the terminal's cursor). A
@@ -24,7 +24,7 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 
-from elastic_agent.coordination.text import sanitize, strip_sgr
+from elastic_agent.coordination.wire.text import sanitize, strip_sgr
 
 __all__ = ["ERR_TEXT_STYLE", "MAX_LINE_CELLS", "MAX_LINE_CHARS", "RANK_PALETTE", "TAB_SIZE",
            "TS_ERR_STYLE", "TS_STYLE", "RenderCache", "Rendered", "TimestampFormatter",

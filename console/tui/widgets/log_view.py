@@ -65,7 +65,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widget import Widget
 
-from elastic_agent.coordination.text import sanitize
+from elastic_agent.coordination.wire.text import sanitize
 from elastic_console.job.logbuffer import LogBuffer, LogLine, LogRing
 
 from .common import fit_row

@@ -21,7 +21,7 @@ from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 
-from elastic_agent.coordination.text import sanitize
+from elastic_agent.coordination.wire.text import sanitize
 from elastic_console.job.model import RankState
 
 from .common import RANK_STATE_STYLES, fmt_age, fmt_bytes

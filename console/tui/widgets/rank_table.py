@@ -63,7 +63,7 @@ from textual.geometry import Size
 from textual.message import Message
 from textual.strip import Strip
 
-from elastic_agent.coordination.text import sanitize
+from elastic_agent.coordination.wire.text import sanitize
 from elastic_console.job.state import JobView
 
 from .common import RowCursor, fit_row, safe_text

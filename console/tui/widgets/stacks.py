@@ -32,8 +32,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Static, Tree
 from textual.widgets.tree import TreeNode
 
-from elastic_agent.coordination.endpoints import Endpoint
-from elastic_agent.coordination.stack_dumps import StackGroup, ThreadStack, group_line
+from elastic_agent.coordination.transport.endpoints import Endpoint
+from elastic_agent.coordination.wire.stack_dumps import StackGroup, ThreadStack, group_line
 from elastic_console.job.collective_view import CollectivesResult, fetch_collectives, result_lines
 from elastic_console.job.stack_view import DEFAULT_TIMEOUT, StacksResult, fetch_stacks
 

@@ -20,7 +20,7 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Static
 
-from elastic_agent.coordination.connection import RedisUnavailableError
+from elastic_agent.coordination.transport.connection import RedisUnavailableError
 from elastic_console.job.client import JobClient, JobSummary
 
 from ..messages import JobAppeared, JobsListed

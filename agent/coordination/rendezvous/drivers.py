@@ -47,12 +47,13 @@ from typing import Any, TypeVar
 
 import redis
 
-from .connection import explain_error, make_client
-from .endpoints import Endpoint, parse_endpoint
-from .pressure import OOM, is_oom
-from .rendezvous_scripts import SCRIPTS, SHAS, script_keys
-from .rendezvous_steps import BLOCK_CHUNK_MS, RendezvousSteps, advance, command, one, script
-from .rendezvous_types import (
+from ..transport.connection import explain_error, make_client
+from ..transport.endpoints import Endpoint, parse_endpoint
+from ..transport.pressure import OOM, is_oom
+from ..wire.round_records import RoundInfo
+from .scripts import SCRIPTS, SHAS, script_keys
+from .steps import BLOCK_CHUNK_MS, RendezvousSteps, advance, command, one, script
+from .types import (
     Membership,
     RendezvousConnectionError,
     RendezvousOutOfMemoryError,
@@ -62,7 +63,6 @@ from .rendezvous_types import (
     decode_membership,
     decode_round,
 )
-from .round_records import RoundInfo
 
 log = logging.getLogger(__name__)
 

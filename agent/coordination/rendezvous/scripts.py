@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 
-from .keyspace import JobKeys
+from ..wire.keyspace import JobKeys
 
 # -- Lua --------------------------------------------------------------------------------
 # Cost at scale (a job of N nodes): every script a node runs per interval (heartbeat,

@@ -2,7 +2,7 @@
 completed round, and how a round that cost a restart ended.
 
 :class:`NodeDescription` and :class:`RoundInfo` are JSON values of the ``rdzv:*`` keys
-(coordination/rendezvous.py writes them); a round end is an entry of
+(coordination/rendezvous/drivers.py writes them); a round end is an entry of
 ``JobKeys.restart_history`` (supervision/diagnosis/restart_patterns.py). Their decoders raise
 :class:`~.protocol.ProtocolError` (a round end: return ``None``) for anything malformed.
 """
@@ -13,15 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .protocol import (
-    MAX_NAME_CHARS,
-    MAX_RANK,
-    ProtocolError,
-    _int_in,
-    _name,
-    decode_json,
-    record_list,
-)
+from .protocol import MAX_NAME_CHARS, MAX_RANK, ProtocolError, _int_in, _name, decode_json, record_list
 
 #: The longest node description or round record a reader decodes.
 MAX_RDZV_RECORD_BYTES = 4 * 1024 * 1024

@@ -24,11 +24,12 @@ from typing import Any
 
 import redis
 
-from . import keyspace, protocol
-from .keyspace import JobKeys
-from .ports import free_port
-from .pressure import OOM
-from .rendezvous_types import (
+from ..ports import free_port
+from ..transport.pressure import OOM
+from ..wire import keyspace, protocol
+from ..wire.keyspace import JobKeys
+from ..wire.round_records import NodeDescription, RoundInfo
+from .types import (
     Membership,
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -40,11 +41,10 @@ from .rendezvous_types import (
     decode_result,
     decode_summary,
 )
-from .round_records import NodeDescription, RoundInfo
 
 # The rendezvous speaks under one logger whichever of its modules says it: the agent's log lines
 # name it.
-log = logging.getLogger("elastic_agent.coordination.rendezvous")
+log = logging.getLogger("elastic_agent.coordination.rendezvous.drivers")
 
 #: Longest single XREAD BLOCK; waits longer than this loop (the socket timeout is set past it).
 BLOCK_CHUNK_MS = 30_000

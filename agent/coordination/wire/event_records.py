@@ -58,7 +58,7 @@ class EventType:
     # (observe|restart|stop), round: no rank of the job made progress for --stall-timeout
     # (stall.py); written once per stall by the agent that claimed it (JobKeys.stall);
     # collectives{request, suspects[], groups[], mismatches[]} when flight recorder traces
-    # were captured (coordination/collectives.py, issue 22)
+    # were captured (coordination/wire/collectives.py, issue 22)
     STALLED = "stalled"
     # Restart patterns (supervision/diagnosis/restart_patterns.py), each written once per restart by
     # the agent that claimed it. restarts, minutes, limit, rounds[]: >= limit restarts within

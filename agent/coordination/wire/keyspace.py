@@ -240,7 +240,7 @@ class JobKeys:
 
     def wake(self, node_id: str) -> str:
         """Stream (one entry, 5 s TTL): written by one agent to wake its own multiplexed
-        XREAD when it starts following another stream (coordination/stream_mux.py)."""
+        XREAD when it starts following another stream (coordination/transport/stream_mux.py)."""
         return self._k(f"wake:{node_id}")
 
     @property

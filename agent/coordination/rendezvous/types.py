@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from . import protocol, round_records
-from .round_records import RoundInfo
+from ..wire import protocol, round_records
+from ..wire.round_records import RoundInfo
 
 
 class RendezvousError(Exception):

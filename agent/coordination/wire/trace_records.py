@@ -2,7 +2,7 @@
 
 A ``stacks`` or ``collectives`` command (or a capture an agent makes on its own, such as a
 stall's) asks every rank; its agent publishes one entry per rank on ``JobKeys.stacks`` or
-``JobKeys.collectives`` under the request's id. coordination/stack_replies.py and
+``JobKeys.collectives`` under the request's id. coordination/wire/stack_replies.py and
 collective_replies.py do the round trip; stack_dumps.py and collectives.py read the contents.
 A worker's sampler reply (how much of its time it spends in collectives) is here too.
 """

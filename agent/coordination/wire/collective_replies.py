@@ -1,6 +1,6 @@
 """Ask a job for its ranks' flight recorder traces and collect the agents' replies (issue 22).
 
-The same round trip as stacks (coordination/stack_replies.py): a ``collectives`` command,
+The same round trip as stacks (coordination/wire/stack_replies.py): a ``collectives`` command,
 one entry per rank on ``JobKeys.collectives`` under the command's id, each decoded by
 ``trace_records.decode_collective_reply`` (bounded, guarded); a rank without a reply is returned
 with an error, never left out. :func:`.collectives.analyse` reads the result.
