@@ -60,8 +60,8 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from elastic_agent.coordination.rendezvous.drivers.drivers import AsyncRedisRendezvous
-from elastic_agent.coordination.rendezvous.drivers.types import (
+from elastic_agent.coordination.rendezvous.drivers import AsyncRedisRendezvous
+from elastic_agent.coordination.rendezvous.types import (
     RendezvousResult,
     RendezvousSettings,
     opens_a_round,

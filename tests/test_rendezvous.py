@@ -16,8 +16,8 @@ import pytest
 from redis.crc import key_slot
 
 from elastic_agent.coordination.ports import free_port
-from elastic_agent.coordination.rendezvous.drivers.drivers import RedisRendezvous
-from elastic_agent.coordination.rendezvous.drivers.types import (
+from elastic_agent.coordination.rendezvous.drivers import RedisRendezvous
+from elastic_agent.coordination.rendezvous.types import (
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousError,
@@ -470,7 +470,7 @@ def test_a_big_round_wakes_nobody_for_its_last_call_and_still_completes(
 def test_a_round_opened_is_read_from_the_notify_stream(nodes: Nodes, r, job_id: str) -> None:
     """The agents' watch re-forms on the notify stream's "open" alone (no summary first):
     every other kind of entry leaves it watching."""
-    from elastic_agent.coordination.rendezvous.drivers.types import opens_a_round
+    from elastic_agent.coordination.rendezvous.types import opens_a_round
 
     a, b = nodes.make(fixed(2)), nodes.make(fixed(2))
     nodes.join_all([a, b])

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from elastic_agent.coordination.rendezvous.drivers.drivers import RedisRendezvous
-from elastic_agent.coordination.rendezvous.drivers.types import RendezvousSettings
+from elastic_agent.coordination.rendezvous.drivers import RedisRendezvous
+from elastic_agent.coordination.rendezvous.types import RendezvousSettings
 from elastic_agent.coordination.store import RedisStore
 from elastic_agent.coordination.transport.connection import make_async_client
 from elastic_agent.coordination.wire.keyspace import JOBS_INDEX, JobKeys

@@ -20,8 +20,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from elastic_agent.coordination.rendezvous.drivers.drivers import RedisRendezvous
-from elastic_agent.coordination.rendezvous.drivers.types import RendezvousSettings
+from elastic_agent.coordination.rendezvous.drivers import RedisRendezvous
+from elastic_agent.coordination.rendezvous.types import RendezvousSettings
 from elastic_agent.coordination.transport.connection import make_async_client, make_client
 from elastic_agent.coordination.transport.endpoints import parse_endpoint
 from elastic_agent.supervision.diagnosis.stall import StallWatch

@@ -30,8 +30,8 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousTimeoutError,
 )
 
-from elastic_agent.coordination.rendezvous.drivers.drivers import RedisRendezvous
-from elastic_agent.coordination.rendezvous.drivers.types import RendezvousSettings
+from elastic_agent.coordination.rendezvous.drivers import RedisRendezvous
+from elastic_agent.coordination.rendezvous.types import RendezvousSettings
 from elastic_agent.coordination.store import DEFAULT_TIMEOUT, RedisStore, StoreTimeoutError
 from elastic_agent.coordination.transport.connection import RedisUnavailableError
 from elastic_agent.coordination.transport.endpoints import Endpoint
