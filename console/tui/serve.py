@@ -24,7 +24,11 @@ Safety, by default:
   no-referrer`` (the URL holds the token);
 * **a bounded number of sessions**: each websocket runs a console process, so at most
   ``--max-sessions`` (default :data:`DEFAULT_MAX_SESSIONS`) run at once; one more gets 503 and
-  a line on the server's stderr.
+  a line on the server's stderr;
+* **the token out of logs, when asked**: the URL with its token is printed for whoever started
+  the server in a terminal; with ``--token-file PATH`` the token goes to that file alone (0600,
+  replaced whole, never through a symlink, removed at exit) and the printed URL says where it
+  is, for a server whose output others read (a pod's log, a service's journal).
 
 The Redis URL (with its password, if any) reaches the per-tab console through an environment
 variable of the server process, never its command line (``ps`` shows command lines to every
@@ -94,7 +98,8 @@ def make_web_app(server: Any, token: str, max_sessions: int = DEFAULT_MAX_SESSIO
         path = request.path
         if not _token_ok(path[1:].split("/", 1)[0], token) and not _DOWNLOAD.fullmatch(path):
             raise web.HTTPForbidden(text="elastic-console serve: this URL needs the access "
-                                    "token printed when the server started\n")
+                                    "token printed when the server started (or written to "
+                                    "its --token-file)\n")
         if path == prefix[:-1]:
             raise web.HTTPFound(prefix)  # the page's relative URLs need the slash
         if path == prefix:
@@ -139,10 +144,43 @@ def make_web_app(server: Any, token: str, max_sessions: int = DEFAULT_MAX_SESSIO
     return build()
 
 
+def write_token(path: str, token: str) -> None:
+    """``token`` into ``path``, mode 0600: written to a new file beside it and renamed over it,
+    so a reader sees the old file or the whole new one, and a symlink at ``path`` is replaced,
+    never followed. OSError if it cannot be."""
+    directory, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{name}.{secrets.token_hex(8)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            os.write(fd, f"{token}\n".encode())
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _remove_token(path: str, token: str) -> None:
+    """Remove the token file at exit, if it still holds this server's token (a dead token
+    must not be mistaken for a live one; another server's must stay)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            held = os.read(fd, 256)
+        finally:
+            os.close(fd)
+        if held.strip() == token.encode():
+            os.unlink(path)
+
+
 def serve(endpoint: Endpoint, job: str | None, *, host: str = "127.0.0.1", port: int = 8765,
           allow_commands: bool = False, scrollback: int = DEFAULT_SCROLLBACK,
-          max_sessions: int = DEFAULT_MAX_SESSIONS) -> int:
-    """Serve the console until interrupted (Ctrl-C, SIGTERM); print the URL with its token."""
+          max_sessions: int = DEFAULT_MAX_SESSIONS, token_file: str | None = None) -> int:
+    """Serve the console until interrupted (Ctrl-C, SIGTERM); print the URL with its token,
+    or without it once the token is in ``token_file``."""
     try:
         from aiohttp import web
         from textual_serve.server import Server
@@ -170,22 +208,36 @@ def serve(endpoint: Endpoint, job: str | None, *, host: str = "127.0.0.1", port:
         bound = runner.addresses[0][1] if runner.addresses else port
         shown = f"[{host}]" if ":" in host else host
         server.public_url = f"http://{shown}:{bound}"  # textual-serve builds its URLs on it
-        what = f"job {job}" if job else f"the jobs on {endpoint.display}"
-        mode = "commands allowed" if allow_commands else "read-only"
-        print(terminal_line(f"elastic-console: serving {what} ({mode}) at "
-                            f"{server.public_url}/{token}/", False), flush=True)
-        if host not in _LOOPBACK:
-            print(f"elastic-console: warning: listening on {host}: anyone who can reach it "
-                  "and has the URL (its token) sees the job", file=sys.stderr, flush=True)
+        # Before anything is announced: a SIGTERM from then on ends the server cleanly
+        # (its token file removed).
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
+        what = f"job {job}" if job else f"the jobs on {endpoint.display}"
+        mode = "commands allowed" if allow_commands else "read-only"
+        where = f"{server.public_url}/{token}/"
+        if token_file is not None:
+            try:
+                write_token(token_file, token)
+            except OSError as exc:
+                await runner.cleanup()
+                raise SystemExit(_say_error(
+                    f"--token-file {token_file}: cannot write the token there: "
+                    f"{exc.strerror or exc}")) from None
+            where = f"{server.public_url}/TOKEN/ (TOKEN: the contents of {token_file})"
+        print(terminal_line(f"elastic-console: serving {what} ({mode}) at {where}", False),
+              flush=True)
+        if host not in _LOOPBACK:
+            print(f"elastic-console: warning: listening on {host}: anyone who can reach it "
+                  "and has the URL (its token) sees the job", file=sys.stderr, flush=True)
         try:
             await stop.wait()
         finally:
             await runner.cleanup()
+            if token_file is not None:
+                _remove_token(token_file, token)
 
     try:
         asyncio.run(main())

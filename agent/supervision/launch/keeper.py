@@ -322,24 +322,27 @@ class _Keeper:
             return
         import _socket
 
-        for _ in range(count):
+        for index in range(count):
             ours, theirs = (s.detach() for s in _socket.socketpair(
                 _socket.AF_UNIX, _socket.SOCK_STREAM))
             pid = os.fork()
             if pid == 0:  # pragma: no cover - the parked child, until released
                 os.close(ours)
-                self.parked_worker(theirs)
+                self.parked_worker(theirs, index)
             os.close(theirs)
             self.parked.append((pid, ours))
 
-    def parked_worker(self, sock: int) -> None:  # pragma: no cover - a parked child
+    def parked_worker(self, sock: int, index: int) -> None:  # pragma: no cover - a parked child
         """In a worker forked ahead: become a worker (session, death with the keeper, the
         signal dispositions it is born with) with only ``sock`` open, wait on it for the
         request that releases it, then leave this stack as ``fork_worker``'s child does.
-        Exits without running anything if the keeper lets it go (EOF)."""
+        Exits without running anything if the keeper lets it go (EOF). Until then ``ps``
+        names it a parked worker of the local rank it is parked for (``index``: the request
+        releases them in order), never the script it may run."""
         become = self.zygote_module().BecomeWorker
         try:
             _become_worker(self.libc, self.me, self.initial, -1, -1)
+            self.zygote.show("parked worker", f"local rank {index}")  # type: ignore[attr-defined]
             os.closerange(3, sock)
             os.closerange(sock + 1, os.sysconf("SC_OPEN_MAX"))
             request = read_request(sock, Unframer())

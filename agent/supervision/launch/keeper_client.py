@@ -36,7 +36,7 @@ class WorkerHandle:
     sink and output pipes, its probes, and the pid and exit status its keeper reports."""
 
     __slots__ = ("error_file", "exit", "exited", "global_rank", "local_rank", "logs", "pid",
-                 "pipe_inodes", "pipes", "recorder", "stacks")
+                 "pipe_inodes", "pipe_ttys", "pipes", "recorder", "stacks")
 
     def __init__(self, local_rank: int, global_rank: int, error_file: Path,
                  logs: WorkerLogs, exited: asyncio.Future[int]) -> None:
@@ -49,6 +49,7 @@ class WorkerHandle:
         self.pid = 0
         self.pipes: list[asyncio.ReadTransport] = []
         self.pipe_inodes: set[int] = set()
+        self.pipe_ttys: set[str] = set()  # --worker-tty: the slaves' paths (/dev/pts/N)
         self.stacks: probes.StackPipe | None = None
         self.recorder: probes.RecorderLink | None = None
 

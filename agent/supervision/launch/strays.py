@@ -133,9 +133,10 @@ def _with_marker(markers: Sequence[bytes], skip: set[int]) -> list[int]:
     return found
 
 
-def pipe_holders(inodes: set[int]) -> dict[int, psutil.Process]:
-    """Processes of ours with a descriptor on one of these pipes (Linux /proc)."""
-    wanted = {f"pipe:[{i}]" for i in inodes}
+def pipe_holders(inodes: set[int], ttys: Iterable[str] = ()) -> dict[int, psutil.Process]:
+    """Processes of ours with a descriptor on one of these pipes (Linux /proc), or on one
+    of these terminals (``--worker-tty``: the workers' pty slaves, by path)."""
+    wanted = {f"pipe:[{i}]" for i in inodes} | set(ttys)
     me = os.getpid()
     uid = os.getuid()
     found: dict[int, psutil.Process] = {}

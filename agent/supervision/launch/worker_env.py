@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from elastic_agent.coordination.transport.endpoints import Endpoint, without_credentials
+from elastic_agent.coordination.transport.job_secret import JOB_SECRET_ENV
 from elastic_agent.supervision.launch import zygote
 from elastic_agent.supervision.records.log_config import plugin_destinations
 from elastic_agent.supervision.records.log_files import LogPathError, open_private_dir
@@ -27,6 +29,16 @@ from elastic_agent.supervision.records.logs import NodeLogs, WorkerLogs
 
 from . import probes
 from .exits import WorkerStartError
+
+#: The workers' own Redis URL (their ACL user's password inside, as the variable keeps it out
+#: of ``ps``): handed to them as ``ELASTIC_REDIS_URL``. Without it they get the agent's
+#: endpoint with no credentials (docs/SECURITY.md, "What a worker holds").
+WORKER_URL_ENV = "ELASTIC_WORKER_REDIS_URL"
+#: The agent's own Redis credentials, which a worker never inherits: whatever the training
+#: script (or a library it loads) does with its environment, the agent's rights stay out.
+#: ``$ELASTIC_JOB_SECRET`` too: it opens the SLURM-hosted Redis as the agents' user.
+AGENT_SECRET_ENV = frozenset({"REDISCLI_AUTH", "ELASTIC_REDIS_PASSWORD_FILE", WORKER_URL_ENV,
+                              JOB_SECRET_ENV})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +59,7 @@ class WorkerSpec:
     entrypoint: Sequence[str]
     max_restarts: int = 0
     run_id: str
+    #: The workers' ``ELASTIC_REDIS_URL`` (:func:`worker_redis_url`), never the agent's own.
     redis_url: str = ""
     job_id: str
     log_dir: Path
@@ -70,6 +83,9 @@ class WorkerSpec:
     #: ``--flight-recorder``: entries of torch's flight recorder per worker; > 0 also links a
     #: Python worker's trace thread to the agent (:mod:`.recorder`, issue 22).
     flight_recorder: int = 0
+    #: ``--worker-tty``: (columns, lines) of the terminal each worker stream is (:mod:`.ptys`),
+    #: or None: pipes.
+    worker_tty: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
@@ -113,6 +129,13 @@ class RankAssignment:
         return self.world_size if self.role_world_size is None else self.role_world_size
 
 
+def worker_redis_url(agent: Endpoint, workers: Endpoint | None) -> str:
+    """The URL workers find in ``ELASTIC_REDIS_URL``: theirs (``$ELASTIC_WORKER_REDIS_URL``),
+    else the agent's server with no user and no password (enough where the server lets
+    anyone in, as a ``--standalone`` one does; elsewhere they hold no right of the agent's)."""
+    return workers.url if workers is not None else without_credentials(agent.url)
+
+
 def error_file_path(spec: WorkerSpec, assignment: RankAssignment, local_rank: int) -> Path:
     """``log_dir/attempt_<n>/<local_rank>/error.json``: torch's ``DefaultLogsSpecs`` layout
     (``log_dir`` is this agent's alone, so the stray scan's markers stay unique)."""
@@ -127,11 +150,9 @@ def worker_env(spec: WorkerSpec, assignment: RankAssignment, local_rank: int,
     ``nproc > 1`` and the user has not set it (torchrun's run.py); then
     ``spec.extra_env``; then torchrun's variables (``LocalElasticAgent._start_workers`` and
     ``DefaultLogsSpecs.reify``) and ``ELASTIC_REDIS_URL`` / ``ELASTIC_JOB_ID``.
+    The agent's Redis credentials (:data:`AGENT_SECRET_ENV`) are not inherited.
     """
-    env = dict(os.environ if base_env is None else base_env)
-    env.update(spec.extra_env)
-    if spec.nproc > 1 and "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = "1"
+    env = _inherited(spec, base_env)
     env.update({
         "RANK": str(assignment.global_rank(local_rank)),
         "LOCAL_RANK": "0" if spec.virtual_local_rank else str(local_rank),
@@ -170,11 +191,20 @@ def worker_env(spec: WorkerSpec, assignment: RankAssignment, local_rank: int,
 
 def zygote_env(spec: WorkerSpec, base_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The workers' environment without the launcher's per-rank variables."""
-    env = dict(os.environ if base_env is None else base_env)
+    env = _inherited(spec, base_env)
+    return {k: v for k, v in env.items() if k not in zygote.LAUNCHER_VARS}
+
+
+def _inherited(spec: WorkerSpec, base_env: Mapping[str, str] | None) -> dict[str, str]:
+    """What every worker (and the zygote they fork from) starts from: the agent's
+    environment minus its Redis credentials, plus ``extra_env`` and torchrun's default
+    ``OMP_NUM_THREADS``."""
+    env = {k: v for k, v in (os.environ if base_env is None else base_env).items()
+           if k not in AGENT_SECRET_ENV}
     env.update(spec.extra_env)
     if spec.nproc > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = "1"
-    return {k: v for k, v in env.items() if k not in zygote.LAUNCHER_VARS}
+    return env
 
 
 def worker_argv(spec: WorkerSpec, local_rank: int) -> list[str]:

@@ -10,8 +10,8 @@ torch``: no restart waits for the workers to import it again. ``--no-python``,
 ``--run-path``, ``--numa-binding`` and ``--preload off`` are exec'ed as before. In that mode
 the zygote is silent when torch fails to import (the workers import it again and report
 their own error). What a worker gives up by default is the list of known differences below
-(its own hash seed, its command line in ``ps``, the zygote's modules already imported), and
-torch's import-time messages are printed once, on the agent's stderr, not in each rank's log.
+(its own hash seed, the zygote's modules already imported), and torch's import-time messages
+are printed once, on the agent's stderr, not in each rank's log.
 
 Two halves in one stdlib-only file (it never imports torch itself: only what ``--preload``
 names, by name, at run time):
@@ -21,8 +21,9 @@ names, by name, at run time):
   its end of the agent's socket passed as SCM_RIGHTS) and :func:`send_request` (the workers
   to start, their pipes' descriptors passed the same way: the keeper was forked before the
   pipes existed);
-* the zygote's half, run as ``python -u zygote.py FD SYS_PATH0 MODULES``: one per worker
-  group (node), started before the rendezvous and kept across attempts. It imports MODULES
+* the zygote's half, run as ``python -u zygote.py FD SYS_PATH0 MODULES auto|user JOB NODE
+  [ROOM...]``: one per worker group (node), started before the rendezvous and kept across
+  attempts. It imports MODULES
   and nothing else, then serves FD in one thread (a poll loop; SIGCHLD wakes it to reap):
   for each ``FORK`` it checks :meth:`Zygote.fork_hazard`, forks, and answers with the
   child's pid and a pidfd of it, opened before it could reap the child, which the agent
@@ -44,17 +45,25 @@ working directory for ``-m``), the agent's working directory, the complete worke
 in ``os.environ`` (and the C environment) before any user code, the signal dispositions the
 zygote had at birth (Python's own: SIGINT raises KeyboardInterrupt, SIGPIPE/SIGXFSZ ignored),
 unbuffered stdio on the agent's pipes, stdin /dev/null, its own session and process group,
-PR_SET_PDEATHSIG naming the keeper. Known differences: the hash seed (``PYTHONHASHSEED``
-random) is the zygote's, shared by all forked workers; ``/proc/PID/cmdline`` (``ps``) shows
-the zygote's command line, not the script's; modules the preload imported are
-already in ``sys.modules``; ``random`` is reseeded after the fork by Python itself and
-``numpy.random`` here.
+PR_SET_PDEATHSIG naming the keeper, and the command line ``ps`` shows (below). Known
+differences: the hash seed (``PYTHONHASHSEED`` random) is the zygote's, shared by all forked
+workers; modules the preload imported are already in ``sys.modules``; ``random`` is reseeded
+after the fork by Python itself and ``numpy.random`` here.
+
+What ``ps`` shows (:func:`set_cmdline`): a worker, forked or exec'ed through the bootstrap,
+rewrites its argv area to ``python -u SCRIPT ARGS`` (or ``-m MODULE``), as exec would have
+laid it out, and its comm to its interpreter's name, before any user code; the zygote, a
+keeper it forked and a parked worker name themselves (``elastic-agent zygote (job J, node
+N)``, ``elastic-agent keeper (...)``, ``elastic-agent parked worker (job J, local rank K)``),
+so that ``pgrep -f SCRIPT`` finds the workers only. Forked processes share the zygote's argv
+area, so the agent starts the zygote with room (:func:`command`) for the workers' whole
+command line. Cost: a few system calls per worker (/proc/self/stat, cmdline, mem, comm).
 
 The exec path (no ``--preload``) runs its Python workers through this file too, as
 ``python -u zygote.py --worker SCRIPT|-m MODULE|-c CODE ARGS``: the same :func:`_run_worker`,
 without the preload, so both paths register the stack handler (:func:`arm_stacks`, issue 13)
-before any user code and then run it as ``python -u`` would (``sys.orig_argv`` without the
-bootstrap; its frames left out of tracebacks).
+before any user code and then run it as ``python -u`` would (``sys.orig_argv`` and the
+command line ``ps`` shows without the bootstrap; its frames left out of tracebacks).
 
 Safety, checked before every fork (:meth:`Zygote.fork_hazard`): no Python thread besides the
 main one and CUDA not initialised (before the zygote forks a keeper, and again before the
@@ -139,18 +148,43 @@ def recipe(entrypoint: Sequence[str]) -> tuple[str, str, list[str]] | None:
 
 
 def command(entrypoint: Sequence[str], modules: Sequence[str], fd: int,
-            auto: bool = False) -> list[str] | None:
+            auto: bool = False, job: str = "", node: str = "") -> list[str] | None:
     """The zygote's command line for this entrypoint, or None if it cannot be forked from.
     ``auto``: the modules are ``--preload auto``'s choice, not the user's (the zygote then
-    says nothing when one fails to import: the workers import it again and say it)."""
+    says nothing when one fails to import: the workers import it again and say it).
+    ``job`` and ``node`` name the zygote and its forks in ``ps`` (:func:`set_cmdline`).
+
+    It ends with room: blank arguments that make its argv area (which every fork shares,
+    and which :func:`set_cmdline` rewrites in place) at least as long as the entrypoint's,
+    so that a forked worker shows its whole command line however long its arguments."""
     how = recipe(entrypoint)
     if how is None:
         return None
     kind, target, _ = how
     path0 = (os.getcwd() if kind == "module"
              else os.path.dirname(os.path.realpath(target)))
-    return [sys.executable, "-u", os.path.abspath(__file__), str(fd), path0, ",".join(modules),
-            *(["auto"] if auto else [])]
+    argv = [sys.executable, "-u", os.path.abspath(__file__), str(fd), path0, ",".join(modules),
+            "auto" if auto else "user", job, node]
+    return argv + _room(_area_size(entrypoint) - _area_size(argv))
+
+
+#: The longest blank argument of the zygote's room (the kernel's own limit is 128 KiB).
+ROOM_CHUNK = 1 << 16
+
+
+def _area_size(argv: Sequence[str]) -> int:
+    """Bytes of ``argv`` in a process's argv area (each argument and its NUL)."""
+    return sum(len(os.fsencode(a)) + 1 for a in argv)
+
+
+def _room(short: int) -> list[str]:
+    """Blank arguments taking ``short`` bytes of argv area (none if ``short`` <= 0)."""
+    room = []
+    while short > 0:
+        take = min(short, ROOM_CHUNK)
+        room.append(" " * (take - 1))
+        short -= take
+    return room
 
 
 #: The largest script ``auto_preload`` reads.
@@ -323,16 +357,30 @@ class BecomeKeeper(BaseException):
 class Zygote:
     """The fork policy of the zygote and of the keepers it forks, and the zygote's loop."""
 
-    def __init__(self, keeper: object, auto: bool = False) -> None:
+    def __init__(self, keeper: object, auto: bool = False, job: str = "",
+                 node: str = "") -> None:
         #: The keeper module, loaded by path (the zygote has no package on its path).
         self.keeper = keeper
         #: Started by ``--preload auto``, not by the user's ``--preload``.
         self.auto = auto
+        #: Whose processes these are, as ``ps`` shows them (see :meth:`show`).
+        self.job = job
+        self.node = node
         self.birth_env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
         #: The dispositions this interpreter was born with, before the zygote ignored or
         #: handled any: what a forked worker gets, and what an exec'ed one inherits.
         self.born = keeper.dispositions()  # type: ignore[attr-defined]
         self.warned = False
+
+    def show(self, role: str, where: str = "") -> None:
+        """Name this process (the zygote, or a keeper or parked worker it forked, before it
+        runs a worker) in ``ps``: ``elastic-agent ROLE (job J, node N)``, or ``WHERE``
+        instead of the node. One argument: no tool mistakes it for a worker's script."""
+        inside = [f"job {label(self.job)}" if self.job else "",
+                  where or (f"node {label(self.node)}" if self.node else "")]
+        detail = ", ".join(part for part in inside if part)
+        set_cmdline([f"elastic-agent {role}" + (f" ({detail})" if detail else "")],
+                    COMMS.get(role, ""))
 
     def fork_hazard(self, env: Mapping[bytes, bytes] | None) -> str | None:
         """Why forking now (a worker with ``env``; a keeper without) would be unsafe or
@@ -477,6 +525,73 @@ def _reap() -> None:
             return
 
 
+# -- what ps shows ----------------------------------------------------------------------------
+
+#: ``/proc/PID/comm`` (what ``top`` and ``pgrep NAME`` read, 15 bytes at most) of the zygote
+#: and of what it forks before a worker runs; a worker gets its interpreter's, as exec gives.
+COMMS = {"zygote": "elastic-zygote", "keeper": "elastic-keeper",
+         "parked worker": "elastic-parked"}
+#: The longest job or node id a title shows.
+LABEL_MAX = 64
+
+
+def label(text: str) -> str:
+    """An id as a title shows it: printable ASCII only (a terminal renders ``ps``), bounded."""
+    return "".join(c if " " <= c <= "~" else "?" for c in text[:LABEL_MAX])
+
+
+def set_cmdline(argv: Sequence[str], comm: str = "") -> bool:
+    """Make this process's ``/proc/PID/cmdline`` (what ``ps``, ``top``, ``htop``, ``pgrep
+    -f`` and psutil read) ``argv``, laid out as exec lays it (each argument and its NUL), and
+    its ``/proc/PID/comm`` ``comm`` if given. False if the command line could not be set
+    (it is left as it was).
+
+    The kernel reads a command line from the process's argv area, the bytes exec copied
+    to its stack (``arg_start``..``arg_end`` in /proc/self/stat); this writes there through
+    /proc/self/mem (no ctypes in a worker that did not import it) and fills the rest with
+    NULs, which ``ps``, ``top``, ``htop`` and ``pgrep`` drop (a NUL split of the file ends
+    with empty strings). Nothing reads the area again: Python keeps its own copies
+    (``sys.argv``, ``sys.orig_argv``), and glibc's ``program_invocation_name``, which points
+    at its start, reads ``argv[0]``. Never past the area: what follows it is the
+    environment /proc/PID/environ shows (strays.py reads it); what does not fit is cut at
+    the area's end (:func:`command`'s room makes every forked worker's fit; an exec'ed
+    worker's bootstrap argv is longer than the command line it shows).
+
+    Not the setproctitle package: it writes one string, the arguments joined by spaces, so
+    a NUL split (psutil, nvidia-smi) sees one argument, or splits one that holds a space;
+    it writes over the environment; and it sets comm to the title's first 15 bytes."""
+    # os-level calls: this runs on every worker's start, on the restart's path.
+    try:
+        fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fields = os.read(fd, 4096).rpartition(b")")[2].split()
+        finally:
+            os.close(fd)
+        start, end = int(fields[45]), int(fields[46])  # proc(5)'s fields 48 and 49
+        size = end - start
+        data = b"\0".join(os.fsencode(a) for a in argv)[:size - 1].ljust(size, b"\0")
+        fd = os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            # A last byte that is no NUL: someone's title ran past the area (the kernel then
+            # reads the command line as one string); not the layout this writes: leave it.
+            if size <= 0 or os.pread(fd, 1, end - 1) != b"\0" or os.pwrite(fd, data, start) != size:
+                return False
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, IndexError, OverflowError):
+        return False
+    if comm:
+        try:
+            fd = os.open("/proc/self/comm", os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, os.fsencode(comm)[:15])
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+    return True
+
+
 def arm_stacks(env: Mapping[str, str]) -> None:
     """Register faulthandler on the agent's stack signal, writing to the rank's FIFO (see
     supervision/diagnosis/stacks.py), before any user code. Never fails the worker: without the
@@ -540,6 +655,8 @@ def _become(exc: BecomeWorker) -> None:
     os.environ.clear()
     os.environ.update(exc.env)
     sys.orig_argv = _unwrapped(exc.orig_argv)
+    # What torchrun's worker shows (`python -u SCRIPT ARGS`), not the bootstrap or a title.
+    set_cmdline(sys.orig_argv, os.path.basename(sys.orig_argv[0]))
     nprandom = sys.modules.get("numpy.random")
     if nprandom is not None:
         nprandom.seed()
@@ -599,12 +716,14 @@ def _run_worker(exc: BecomeWorker) -> None:
 
 
 def _serve(argv: list[str]) -> int:
-    """``zygote.py FD SYS_PATH0 MODULES [auto]``: preload, then fork keepers until EOF on FD."""
+    """``zygote.py FD SYS_PATH0 MODULES auto|user JOB NODE [ROOM...]``: preload, then fork
+    keepers until EOF on FD."""
     import importlib
     import importlib.util
 
     fd, path0, modules = int(argv[1]), argv[2], [m for m in argv[3].split(",") if m]
     auto = argv[4:5] == ["auto"]
+    job, node = (*argv[5:7], "", "")[:2]
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[0] = path0  # as the worker will have it, not this file's directory
     spec = importlib.util.spec_from_file_location("_elastic_agent_keeper",
@@ -613,7 +732,8 @@ def _serve(argv: list[str]) -> int:
     keeper = importlib.util.module_from_spec(spec)
     sys.modules["_elastic_agent_keeper"] = keeper
     spec.loader.exec_module(keeper)
-    zygote = Zygote(keeper, auto)
+    zygote = Zygote(keeper, auto, job, node)
+    zygote.show("zygote")  # before the preload: importing torch takes seconds
     for name in modules:
         try:
             importlib.import_module(name)
@@ -634,6 +754,7 @@ def _keep(exc: BecomeKeeper) -> int:
     keeper.signal.set_wakeup_fd(-1)  # type: ignore[attr-defined]
     for fd in exc.close:
         os.close(fd)
+    _ZYGOTE.show("keeper")
     return keeper._Keeper(exc.keeper_fd, zygote=_ZYGOTE,  # type: ignore[attr-defined]
                           park=exc.park).run()
 
