@@ -4,6 +4,7 @@ lost nodes, closing, leaving and timeouts."""
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import os
 import signal
@@ -204,6 +205,65 @@ def test_lost_node_is_declared_and_survivors_reform_without_last_call(nodes: Nod
     again = nodes.join_all([a, b])
     assert {r.group_world_size for r in again} == {2} and {r.round for r in again} == {1}
     c._client.close()
+
+
+def _server_ms(r) -> int:
+    secs, micros = r.time()
+    return secs * 1000 + micros // 1000
+
+
+def _restart_without(nodes: Nodes, s: RendezvousSettings, r, job_id: str
+                     ) -> tuple[list[RedisRendezvous], RedisRendezvous, dict[str, RendezvousResult],
+                                list[threading.Thread], int]:
+    """Three nodes form round 0; two of them join round 1 while the third, still stopping its
+    workers, beats (its heartbeat thread) and has not joined. Returns once round 1's last call
+    is over (by Redis's clock) or the round completed."""
+    a, b, c = (nodes.make(s) for _ in range(3))
+    nodes.join_all([a, b, c])
+    results: dict[str, RendezvousResult] = {}
+    threads = [threading.Thread(target=lambda h=h: results.__setitem__(h.node_id,
+                                                                      h.next_rendezvous()))
+               for h in (a, b)]
+    for t in threads:
+        t.start()
+    state = JobKeys(job_id).rdzv_state
+    deadline = int(wait_until(lambda: int(r.hget(state, "deadline") or 0), 10, "round 1's last call"))
+    wait_until(lambda: r.hget(state, "status") == b"complete" or _server_ms(r) > deadline + 500,
+               10, "round 1 complete, or its last call over")
+    return [a, b], c, results, threads, deadline
+
+
+def test_a_reforming_round_waits_past_its_last_call_for_a_member_that_still_beats(
+        nodes: Nodes, r, job_id: str) -> None:
+    """A restart (a command, a failure) brings every live member of the round back, the slow
+    one after its stacks and its workers' stop: completed without it at the last call, the
+    round would leave it waiting and the job would re-form once more at once."""
+    s = RendezvousSettings(min_nodes=2, max_nodes=3, last_call_timeout=0.3, join_timeout=20,
+                           heartbeat_timeout=10, keep_alive_interval=0.2)
+    _, slow, results, threads, _ = _restart_without(nodes, s, r, job_id)
+    assert r.hget(JobKeys(job_id).rdzv_state, "status") == b"open", (
+        "the last call completed round 1 without a member that still beats")
+    late = slow.next_rendezvous()
+    for t in threads:
+        t.join(10)
+    assert len(results) == 2
+    assert {x.round for x in (late, *results.values())} == {1}
+    assert {x.group_world_size for x in (late, *results.values())} == {3}
+
+
+def test_a_member_that_beats_and_never_comes_holds_the_round_one_heartbeat_timeout(
+        nodes: Nodes, r, job_id: str) -> None:
+    s = RendezvousSettings(min_nodes=2, max_nodes=3, last_call_timeout=0.3, join_timeout=20,
+                           heartbeat_timeout=1.5, keep_alive_interval=0.2)
+    first, slow, results, threads, deadline = _restart_without(nodes, s, r, job_id)
+    for t in threads:
+        t.join(10)
+    assert {x.group_world_size for x in results.values()} == {2} and len(results) == 2
+    completed = json.loads(r.get(JobKeys(job_id).rdzv_round_info))["completed_ms"]
+    # Redis's clock: no sooner than the last call plus the heartbeat timeout (and the slow
+    # node beat all along: it is not lost, only late).
+    assert completed >= deadline + 1500, (completed, deadline)
+    assert slow.node_id not in first[0].membership().lost
 
 
 def test_a_beat_that_reaches_redis_late_judges_nobody(nodes: Nodes) -> None:

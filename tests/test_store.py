@@ -14,14 +14,16 @@ import redis
 from elastic_agent.coordination.ports import free_port
 from elastic_agent.coordination.store import (
     RedisStore,
+    StoreQueueEmptyError,
     StoreTimeoutError,
+    StoreTooManyKeysError,
     barrier,
     synchronize,
 )
 from elastic_agent.coordination.transport.connection import RedisUnavailableError, make_client
 from elastic_agent.coordination.wire.keyspace import JobKeys
 from elastic_agent.supervision.hosting.standalone import RedisServer
-from tests.waiting import wait_until
+from tests.waiting import client_ids, wait_until
 
 
 def blocked_xreads(r: redis.Redis) -> int:
@@ -419,3 +421,206 @@ def test_synchronize_timeout_names_missing_ranks(store: RedisStore) -> None:
     assert str(info.value) == (
         "synchronize 'sy': timeout after 0.2 s: 1 of 3 ranks arrived; missing ranks: 0, 2"
     )
+
+
+# -- list_keys -------------------------------------------------------------------------
+
+
+def test_list_keys_lists_exactly_the_namespace(redis_url: str, job_id: str) -> None:
+    with RedisStore(redis_url, job_id, "mine") as mine, \
+            RedisStore(redis_url, job_id, "other") as other:
+        assert mine.list_keys() == []
+        mine.multi_set(["a", "b/c", "é"], [b"1", b"", b"3"])
+        mine.add("n", 1)
+        mine.queue_push("q", b"a queue is no key")
+        other.set("elsewhere", b"x")
+        assert sorted(mine.list_keys()) == sorted(["a", "b/c", "é", "n"])
+        assert other.list_keys() == ["elsewhere"]
+        mine.delete_key("a")
+        assert sorted(mine.list_keys()) == sorted(["b/c", "é", "n"])
+
+
+def test_list_keys_pages_through_a_big_namespace(private_redis: RedisServer,
+                                                 job_id: str) -> None:
+    # More keys than one HSCAN step visits: the listing is several short calls, never one
+    # HKEYS/HGETALL that holds Redis for the whole namespace.
+    r = make_client(private_redis.url)
+    names = [f"rank/{i}" for i in range(2500)]
+    with RedisStore(private_redis.url, job_id, "big", timeout=5) as store:
+        store.multi_set(names, [b"v" * 100] * len(names))
+        r.config_resetstat()
+        listed = store.list_keys()
+    stats = r.info("commandstats")
+    r.close()
+    assert len(listed) == len(names) and set(listed) == set(names)
+    assert int(stats["cmdstat_hscan"]["calls"]) >= 3, stats.get("cmdstat_hscan")
+    assert "cmdstat_hkeys" not in stats and "cmdstat_hgetall" not in stats
+
+
+def test_list_keys_refuses_more_than_its_bound(store: RedisStore, job_id: str) -> None:
+    store.multi_set([f"k{i}" for i in range(11)], [b"v"] * 11)
+    assert len(store.list_keys(max_keys=11)) == 11
+    with pytest.raises(StoreTooManyKeysError) as info:
+        store.list_keys(max_keys=10)
+    assert str(info.value).startswith(
+        f"store namespace 'test' of job '{job_id}' holds 11 keys, more than the 10 one "
+        "list_keys call returns")
+
+
+# -- queues ----------------------------------------------------------------------------
+
+
+def test_queue_is_first_in_first_out(store: RedisStore) -> None:
+    assert store.queue_len("q") == 0
+    store.queue_push("q", b"one")
+    store.queue_push("q", "two")
+    store.queue_push(b"q", bytearray(b"\x00three"))
+    assert store.queue_len("q") == 3
+    assert [store.queue_pop("q") for _ in range(3)] == [b"one", b"two", b"\x00three"]
+    assert store.queue_len("q") == 0
+
+
+def test_queue_pop_without_blocking_on_an_empty_queue(store: RedisStore, job_id: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(StoreQueueEmptyError) as info:
+        store.queue_pop("empty", block=False)
+    assert time.monotonic() - started < 1.0  # at once, not after the store's 5 s
+    assert str(info.value) == f"queue 'empty' in store namespace 'test' of job '{job_id}' is empty"
+    store.queue_push("empty", b"x")
+    assert store.queue_pop("empty", block=False) == b"x"
+
+
+def test_queue_pop_times_out(store: RedisStore) -> None:
+    store.set_timeout(0.2)
+    started = time.monotonic()
+    with pytest.raises(StoreTimeoutError) as info:
+        store.queue_pop("q")
+    assert 0.2 <= time.monotonic() - started < 2.0
+    assert "waiting for a value in queue 'q'" in str(info.value)
+    assert info.value.keys == ["q"]
+    with pytest.raises(StoreTimeoutError, match=r"after 0\.1 s"):
+        store.queue_pop("q", timeout=timedelta(milliseconds=100))
+
+
+def test_blocked_queue_pop_is_woken_by_a_push(
+    store: RedisStore, redis_url: str, job_id: str, r: redis.Redis
+) -> None:
+    # Its deadline is a minute away and one XREAD blocks for 30 s: returning within
+    # outcome()'s 10 s means the push woke it, not a poll.
+    waiter = Worker(lambda: store.queue_pop("jobs", timeout=60))
+    waiter.start()
+    wait_until(lambda: blocked_xreads(r) >= 1, what="the pop blocking in XREAD")
+    with RedisStore(redis_url, job_id, "test") as other:
+        other.set("jobs", b"a key of the same name is no push")
+        wait_until(lambda: blocked_xreads(r) >= 1, what="the pop blocking again")
+        assert waiter.is_alive()
+        other.queue_push("jobs", b"work")
+    assert waiter.outcome(10) == b"work"
+    assert store.queue_len("jobs") == 0
+
+
+def test_each_pushed_value_goes_to_one_pop(store: RedisStore, r: redis.Redis) -> None:
+    waiters = [Worker(lambda: store.queue_pop("shared", timeout=10)) for _ in range(3)]
+    for w in waiters:
+        w.start()
+    wait_until(lambda: blocked_xreads(r) >= 3, what="three pops blocking")
+    for value in (b"a", b"b", b"c"):
+        store.queue_push("shared", value)
+    assert sorted(w.outcome() for w in waiters) == [b"a", b"b", b"c"]
+
+
+def test_zero_timeout_pop_waits_without_deadline(store: RedisStore, r: redis.Redis) -> None:
+    waiter = Worker(lambda: store.queue_pop("q", timeout=0))
+    waiter.start()
+    wait_until(lambda: blocked_xreads(r) >= 1, what="the pop blocking")
+    store.queue_push("q", b"v")
+    assert waiter.outcome() == b"v"
+
+
+def test_queues_are_no_keys_and_live_in_the_job_slot(store: RedisStore, r: redis.Redis,
+                                                     job_id: str) -> None:
+    store.queue_push("q", b"v")
+    store.set("k", b"1")
+    assert not store.check(["q"])
+    assert store.num_keys() == 1 and store.list_keys() == ["k"]
+    keys = JobKeys(job_id)
+    queue_key = keys.store_queue("test", "q")
+    assert queue_key.startswith(f"elastic:{{{job_id}}}:")  # the job's hash tag: its slot
+    assert r.type(queue_key) == b"list" and r.lrange(queue_key, 0, -1) == [b"v"]
+    # No namespace and queue name another's key, nor a namespace's own keys.
+    assert keys.store_queue("a:1", "b") != keys.store_queue("a", "1:b")
+    assert queue_key not in {keys.store("test"), keys.store_notify("test")}
+    with RedisStore(store.endpoint, job_id, "elsewhere") as other:
+        assert other.queue_len("q") == 0
+
+
+# -- short waits end on the client's clock ---------------------------------------------
+
+
+@pytest.fixture
+def hz10_redis() -> Iterator[RedisServer]:
+    """Redis's default hz, set explicitly: a blocked command's own timeout fires on its tick."""
+    server = RedisServer(extra_args=["--hz", "10"]).start()
+    yield server
+    server.cleanup()
+
+
+def _overshoots_ms(call: Callable[[float], Any], seconds: float, n: int) -> list[float]:
+    late = []
+    for _ in range(n):
+        started = time.perf_counter()
+        with pytest.raises(StoreTimeoutError):
+            call(seconds)
+        late.append((time.perf_counter() - started - seconds) * 1000)
+    return late
+
+
+def test_short_waits_end_near_their_timeout_whatever_the_hz(hz10_redis: RedisServer,
+                                                            job_id: str) -> None:
+    # With hz 10 the server ends a blocked XREAD up to 100 ms late (waits of 10 ms came back
+    # after ~100 ms, of 50 ms after ~100 ms). The bound is generous for a loaded machine and
+    # still far below that; bench/store_wait_bench.py has the figures.
+    r = make_client(hz10_redis.url)
+    assert r.config_get("hz") == {"hz": "10"}
+    with RedisStore(hz10_redis.url, job_id, "short", timeout=5) as store:
+        calls: dict[str, Callable[[float], Any]] = {
+            "wait": lambda s: store.wait(["never"], s),
+            "get": lambda s: store.get("never", timeout=s),
+            "multi_get": lambda s: store.multi_get(["never", "nor"], timeout=s),
+            "queue_pop": lambda s: store.queue_pop("never", timeout=s),
+        }
+        for name, call in calls.items():
+            for seconds in (0.01, 0.05):
+                late = sorted(_overshoots_ms(call, seconds, 9))
+                assert late[len(late) // 2] < 30, (name, seconds, late)
+        # Each wait dropped its connection at the deadline: closed, not leaked (the store
+        # holds its writer's and its reader's), and the next read reconnects.
+        mine = str(r.client_id())
+        wait_until(lambda: len([c for c in r.client_list() if str(c["id"]) != mine]) <= 2,
+                   what="the dropped connections closed")
+        store.set("here", b"v")
+        assert store.get("here", timeout=0.05) == b"v"
+        waiter = Worker(lambda: store.get("later", timeout=30))
+        waiter.start()
+        wait_until(lambda: blocked_xreads(r) >= 1, what="a get blocking after the drops")
+        store.set("later", b"w")
+        assert waiter.outcome() == b"w"
+    r.close()
+
+
+def test_a_wait_that_ran_out_drops_its_blocked_connection(hz10_redis: RedisServer,
+                                                          job_id: str) -> None:
+    # At its deadline the wait's XREAD is still blocked on the server (its reply comes on
+    # the next hz tick): that connection cannot carry another command, so it is closed.
+    r = make_client(hz10_redis.url)
+    with RedisStore(hz10_redis.url, job_id, "drop", timeout=5) as store:
+        waiter = Worker(lambda: store.wait(["never"], 0.5))
+        waiter.start()
+        blocked = wait_until(lambda: [c["id"] for c in r.client_list()
+                                      if c.get("cmd") == "xread" and "b" in c["flags"]],
+                             what="the wait blocking in XREAD")
+        with pytest.raises(StoreTimeoutError):
+            waiter.outcome()
+        wait_until(lambda: blocked[0] not in client_ids(r), what="the blocked connection closed")
+        assert store.check([]) and not store.check(["never"])  # the store goes on
+    r.close()

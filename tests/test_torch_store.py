@@ -195,3 +195,76 @@ def test_gloo_process_group_over_two_processes(
         assert proc.returncode == 0, f"rank {rank} failed:\n{outputs[rank]}"
     for rank in range(2):
         assert (tmp_path / f"out{rank}").read_text() == "3.0,30.0"
+
+
+def test_list_keys_names_prefixed_keys_with_their_prefix(
+    tstore: TorchRedisStore, redis_url: str, job_id: str
+) -> None:
+    # As with torch's HashStore: a key written through a PrefixStore is listed by the store
+    # under it with the prefix.
+    dist.PrefixStore("pre", tstore).set("k", "v")
+    tstore.set("plain", "v")
+    tstore.queue_push("q", "a queue is no key")
+    other = TorchRedisStore(redis_url, job_id, "another", timeout=5)
+    other.set("not-here", "v")
+    other.close()
+    hash_store = dist.HashStore()
+    dist.PrefixStore("pre", hash_store).set("k", "v")
+    hash_store.set("plain", "v")
+    assert sorted(tstore.list_keys()) == sorted(hash_store.list_keys()) == ["plain", "pre/k"]
+    assert sorted(tstore.listKeys()) == ["plain", "pre/k"]
+
+
+def test_prefix_store_cannot_reach_list_keys_or_queues_of_a_python_store(
+    tstore: TorchRedisStore,
+) -> None:
+    # torch's trampoline for Python stores forwards neither listKeys nor the queue calls
+    # (docs/TORCHRUN.md says so, with these messages). Should a torch forward them, this
+    # fails: the limitation is gone and the doc must change.
+    p = dist.PrefixStore("pre", tstore)
+    with pytest.raises(NotImplementedError, match="listKeys support is not implemented"):
+        p.list_keys()
+    with pytest.raises(NotImplementedError, match="queue support is not implemented"):
+        p.queue_push("q", "v")
+    with pytest.raises(NotImplementedError, match="queue support is not implemented"):
+        p.queue_len("q")
+
+
+def test_queues_as_torchs_stores_answer(tstore: TorchRedisStore) -> None:
+    hash_store = dist.HashStore()
+    for s in (tstore, hash_store):
+        s.set_timeout(timedelta(milliseconds=200))
+
+    def script(s: dist.Store) -> list[object]:
+        out: list[object] = [s.queue_len("q")]
+        s.queue_push("q", "one")
+        s.queue_push("q", b"\x00two")
+        out += [s.queue_len("q"), s.queue_pop("q"), s.queue_pop("q", False), s.queue_len("q")]
+        for call in (lambda: s.queue_pop("q", False), lambda: s.queue_pop("q"),
+                     lambda: s.queue_pop("q", True)):
+            try:
+                out.append(call())
+            except dist.DistStoreError as exc:  # QueueEmptyError is one too
+                out.append(type(exc))
+        return out
+
+    ours = script(tstore)
+    assert ours == script(hash_store)
+    assert ours == [0, 2, b"one", b"\x00two", 0, dist.QueueEmptyError, dist.DistStoreError,
+                    dist.DistStoreError]
+
+
+def test_blocking_queue_pop_is_woken_by_a_push_from_another_store(
+    tstore: TorchRedisStore, redis_url: str, job_id: str, r: redis.Redis
+) -> None:
+    tstore.set_timeout(timedelta(seconds=60))
+    got: list[bytes] = []
+    earlier = client_ids(r)
+    t = threading.Thread(target=lambda: got.append(tstore.queue_pop("work")), daemon=True)
+    t.start()
+    wait_until(lambda: blocked_in(r, "xread", not_in=earlier), 10, "the pop to block")
+    other = TorchRedisStore(redis_url, job_id, "torch", timeout=5)
+    other.queue_push("work", "item")
+    other.close()
+    t.join(10)
+    assert not t.is_alive() and got == [b"item"]

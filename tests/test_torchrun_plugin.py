@@ -1,5 +1,5 @@
-"""The `redis` rendezvous backend through torch: the registry, the handler contract, and
-two real torchrun processes forming one 4-worker job."""
+"""The `redis` rendezvous backend through torch: the registry, the handler contract, two real
+torchrun processes forming one 4-worker job, and two whose workers finish seconds apart."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from elastic_agent.coordination.torch_compat import TorchRedisStore
+from tests.waiting import wait_until
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -77,3 +80,57 @@ def test_two_torchrun_processes_run_one_four_worker_job(redis_url: str, job_id: 
     assert {r["TORCHELASTIC_RUN_ID"] for r in reports} == {job_id}
     assert {r["sum"] for r in reports} == {6.0}  # gloo all_reduce across both torchruns
     assert len({(r["MASTER_ADDR"], r["MASTER_PORT"]) for r in reports}) == 1
+
+
+def test_nodes_that_finish_apart_exit_together_without_a_restart(redis_url: str, job_id: str,
+                                                                 tmp_path: Path) -> None:
+    """torchrun's agent shuts its handler down when it ends, after an exit barrier (1 s here).
+    The worker of group rank 0 finishes at once; the other node's worker finishes 3 s after
+    rank 0's torchrun has exited. That node must see a closed rendezvous, not a node waiting to
+    join: no restart of its worker group, no new rendezvous that nobody comes to (join timeout
+    20 s, then exit 1)."""
+    log, go = tmp_path / "runs", tmp_path / "go"
+    endpoint = redis_url.removeprefix("redis://")
+    cmd = [sys.executable, str(SCRIPTS / "torchrun_exit_barrier.py"),
+           "--rdzv-backend", "redis", "--rdzv-endpoint", endpoint, "--rdzv-id", job_id,
+           "--nnodes", "2", "--nproc-per-node", "1", "--local-addr", "127.0.0.1",
+           "--rdzv-conf", "join_timeout=20,last_call_timeout=1",
+           str(SCRIPTS / "finish_apart.py"), str(log), str(go), "3"]
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "EXIT_BARRIER_TIMEOUT": "1"}
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for _ in range(2)]
+    outputs: dict[int, str] = {}
+    ended: dict[int, float] = {}
+
+    def reap(i: int) -> None:
+        outputs[i] = procs[i].communicate(timeout=120)[0].decode(errors="replace")
+        ended[i] = time.time()  # the workers' clock: they note time.time()
+
+    reapers = [threading.Thread(target=reap, args=(i,)) for i in range(2)]
+    for t in reapers:
+        t.start()
+
+    def runs() -> list[list[str]]:
+        return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+
+    first = wait_until(lambda: [int(f[2]) for f in runs() if f[:2] == ["finish", "0"]],
+                       timeout=90, what="rank 0 finished")[0]
+    (a,) = [i for i, p in enumerate(procs) if p.pid == first]
+    reapers[a].join(60)
+    assert a in ended, "rank 0's torchrun did not exit"
+    go.touch()
+    for t in reapers:
+        t.join()
+    for p in procs:
+        assert p.returncode == 0, "\n".join(outputs.values())[-4000:]
+    for text in outputs.values():
+        assert "will restart worker group" not in text, text[-4000:]
+    starts = sorted(int(f[1]) for f in runs() if f[0] == "start")
+    finishes = {int(f[1]): float(f[3]) for f in runs() if f[0] == "finish"}
+    assert starts == [0, 1], runs()  # each worker ran once
+    assert sorted(finishes) == [0, 1] and {f[4] for f in runs() if f[0] == "finish"} == {"2"}
+    assert finishes[1] - ended[a] >= 3  # the other node's worker outlived rank 0's torchrun
+    # Seconds here are the worker's and torchrun's own exits (torch's finalization alone took
+    # 1.4-5 s on this loaded 2-core host, c10d's runs too). The bound catches a wait in a
+    # rendezvous (20 s, then exit 1), not a slow exit.
+    assert max(ended.values()) - finishes[1] < 15, (ended, finishes)

@@ -1,8 +1,9 @@
 """A key/value store on Redis with the semantics of torch's c10d ``Store``, plus barriers.
 
 :class:`RedisStore` behaves like ``torch.distributed.TCPStore`` (set, get, add,
-compare_set, wait, check, delete_key, num_keys, multi_get, multi_set, append), but its
-state lives in Redis, so it survives any single host and needs no master process.
+compare_set, wait, check, delete_key, num_keys, list_keys, multi_get, multi_set, append,
+queue_push, queue_pop, queue_len), but its state lives in Redis, so it survives any single
+host and needs no master process.
 It does not import torch: ``agent.torch_compat.TorchRedisStore`` adapts it to
 ``torch.distributed.Store`` for ``init_process_group`` and torch elastic.
 
@@ -12,7 +13,9 @@ Layout (see ``keyspace.JobKeys``)
     ``HINCRBY`` and ``multi_get`` is one round trip. Every write also appends the written
     key's name (field ``k``) to the namespace's notify stream,
     ``JobKeys(job).store_notify(namespace)``, in the same Lua script, so the write and its
-    notification are one atomic step.
+    notification are one atomic step. A queue is a Redis list,
+    ``JobKeys(job).store_queue(namespace, queue)``, in the job's slot too; a push appends
+    the queue's name (field ``q``) to the same notify stream, in the same script.
 
 Blocking reads
     ``get``, ``wait`` and ``multi_get`` are woken by Redis, never by a polling tick: a
@@ -20,11 +23,17 @@ Blocking reads
     the caller then ``XREAD BLOCK``\\ s from that id on a second client whose socket
     timeout exceeds its block time, and re-checks when an entry names a missing key.
     A write that lands after the check has a larger id than the one returned, so it is
-    never missed.
+    never missed. A blocking ``queue_pop`` works the same way (its pop and the stream's last
+    id are one script).
 
 Timeouts
-    A timeout of ``0`` means "no deadline" (c10d's ``kNoTimeout``). A wait that runs out
-    raises :class:`StoreTimeoutError`, naming the keys still missing.
+    A timeout of ``0`` means "no deadline" (c10d's ``kNoTimeout``, as HashStore and FileStore
+    read it). A wait that runs out raises :class:`StoreTimeoutError`, naming the keys still
+    missing. Redis ends a blocked command that ran out only on its ``hz`` tick (every 100 ms
+    by default), so the last block of a wait is ended by the client instead: it waits for
+    the reply until the deadline and, if none came, drops that connection (its reply is
+    still due) and raises; the next read opens a new one. A wait returns within a few
+    milliseconds of its timeout whatever the server's ``hz`` (``bench/store_wait_bench.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import redis
+import redis.cluster
 
 from elastic_agent.coordination.transport.connection import (
     RedisUnavailableError,
@@ -53,10 +63,13 @@ T = TypeVar("T")
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "LIST_KEYS_MAX",
     "RedisStore",
     "RedisUnavailableError",
     "StoreOutOfMemoryError",
+    "StoreQueueEmptyError",
     "StoreTimeoutError",
+    "StoreTooManyKeysError",
     "barrier",
     "synchronize",
 ]
@@ -71,6 +84,14 @@ BLOCK_CHUNK_MS = 30_000
 #: Entries read per XREAD. A full batch means the reader lags; it then re-checks rather
 #: than trusting the stream, because ``MAXLEN ~`` may have trimmed the entry it needs.
 _READ_COUNT = 512
+
+#: The most keys one ``list_keys`` returns: a namespace that holds more is refused (one
+#: clear error) rather than copied into the caller's memory.
+LIST_KEYS_MAX = 1_000_000
+
+#: Fields one ``HSCAN`` step visits: ``list_keys`` pages through a namespace in steps this
+#: size, so no single call holds Redis for long, whatever the namespace's size.
+_LIST_KEYS_PAGE = 1000
 
 Value = bytes | bytearray | memoryview | str
 Timeout = float | int | timedelta
@@ -136,6 +157,34 @@ end
 return out
 """
 
+# One HSCAN step that returns the fields only: the values (possibly large) stay in Redis.
+# KEYS[1] hash; ARGV[1] cursor, ARGV[2] count. Reply: {next_cursor, field, field, ...}
+_LIST_KEYS_LUA = """
+local page = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
+local out = {page[1]}
+local items = page[2]
+for i = 1, #items, 2 do out[#out + 1] = items[i] end
+return out
+"""
+
+# KEYS[1] queue list, KEYS[2] notify stream; ARGV[1] maxlen, ARGV[2] queue name, ARGV[3] value
+_QUEUE_PUSH_LUA = """
+redis.call('RPUSH', KEYS[1], ARGV[3])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'q', ARGV[2])
+return 1
+"""
+
+# The pop, and when the queue is empty the notify stream's last id, in one step (as
+# _CHECK_LUA): a push after it gets a larger id. KEYS[1] queue list, KEYS[2] notify stream.
+# Reply: {1, value} or {0, last_id}.
+_QUEUE_POP_LUA = """
+local v = redis.call('LPOP', KEYS[1])
+if v then return {1, v} end
+local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+if #last > 0 then return {0, last[1][1]} end
+return {0, '0-0'}
+"""
+
 
 class StoreTimeoutError(TimeoutError):
     """A blocking store operation ran past its deadline.
@@ -151,6 +200,14 @@ class StoreTimeoutError(TimeoutError):
 
 class StoreOutOfMemoryError(StoreTimeoutError):
     """Redis refused a store write for lack of memory until the store's deadline."""
+
+
+class StoreQueueEmptyError(LookupError):
+    """``queue_pop(block=False)`` found the queue empty (torch's ``QueueEmptyError``)."""
+
+
+class StoreTooManyKeysError(ValueError):
+    """``list_keys`` was refused: the namespace holds more keys than one call returns."""
 
 
 def _seconds(timeout: Timeout) -> float:
@@ -273,6 +330,9 @@ class RedisStore:
         self._append_script = writer.register_script(_APPEND_LUA)
         self._compare_set_script = writer.register_script(_COMPARE_SET_LUA)
         self._check_script = writer.register_script(_CHECK_LUA)
+        self._list_keys_script = writer.register_script(_LIST_KEYS_LUA)
+        self._queue_push_script = writer.register_script(_QUEUE_PUSH_LUA)
+        self._queue_pop_script = writer.register_script(_QUEUE_POP_LUA)
 
     # -- identity and lifetime -----------------------------------------------------------
 
@@ -446,9 +506,91 @@ class RedisStore:
         return all(present)
 
     def num_keys(self) -> int:
-        """How many keys the namespace holds."""
+        """How many keys the namespace holds (its queues are not keys: see ``queue_push``)."""
         with self._errors():
             return int(self._writer.hlen(self._hash))
+
+    def list_keys(self, max_keys: int = LIST_KEYS_MAX) -> list[str]:
+        """The names of the namespace's keys, in no particular order (not its queues).
+
+        Read in ``HSCAN`` steps of about 1,000 fields, values left in Redis, so a big
+        namespace never holds Redis in one long call. A namespace of more than ``max_keys``
+        keys (default :data:`LIST_KEYS_MAX`) raises :class:`StoreTooManyKeysError` rather
+        than filling the caller's memory. A key written or deleted during the scan may be
+        listed or not (``HSCAN``'s guarantee); every key present throughout is listed once.
+        A key name that is not UTF-8 (written by something else than a store) is listed
+        with its bad bytes as ``\\x..`` escapes.
+        """
+        with self._errors():
+            held = int(self._writer.hlen(self._hash))
+        if held > max_keys:
+            raise self._too_many_keys(held, max_keys)
+        names: dict[str, None] = {}  # HSCAN may return a field twice while Redis rehashes
+        cursor: bytes | int = 0
+        while True:
+            with self._errors():
+                reply = self._list_keys_script(keys=[self._hash],
+                                               args=[cursor, _LIST_KEYS_PAGE])
+            cursor = reply[0]
+            for field in reply[1:]:
+                names[bytes(field).decode("utf-8", "backslashreplace")] = None
+            if len(names) > max_keys:  # it grew while we read
+                raise self._too_many_keys(len(names), max_keys)
+            if cursor in (b"0", 0, "0"):
+                return list(names)
+
+    def _too_many_keys(self, held: int, max_keys: int) -> StoreTooManyKeysError:
+        return StoreTooManyKeysError(
+            f"{self._describe()} holds {held} keys, more than the {max_keys} one list_keys "
+            f"call returns; read known keys with multi_get, or pass a larger max_keys")
+
+    # -- queues ------------------------------------------------------------------------
+
+    def queue_push(self, queue: str | bytes, value: Value) -> None:
+        """Append ``value`` to ``queue`` (created when missing), waking a blocked pop.
+
+        A queue is not a key: ``get``, ``check``, ``wait``, ``num_keys`` and ``list_keys``
+        do not see it, as in torch's HashStore. A queue still holding values when its
+        namespace is dropped stays until the job's records expire.
+        """
+        name = _key_name(queue)
+        data = _value_bytes(name, value)
+        self._write(name, lambda: self._queue_push_script(
+            keys=[self._queue_key(name), self._notify], args=[NOTIFY_MAXLEN, name, data]))
+
+    def queue_pop(self, queue: str | bytes, block: bool = True, *,
+                  timeout: Timeout | None = None) -> bytes:
+        """Take the oldest value of ``queue``.
+
+        ``block=False`` raises :class:`StoreQueueEmptyError` at once on an empty queue;
+        otherwise it waits for a push until ``timeout`` (default the store's; ``0`` waits
+        without a deadline), then raises :class:`StoreTimeoutError`. Each value goes to
+        exactly one pop.
+        """
+        name = _key_name(queue)
+        list_key = self._queue_key(name)
+        seconds = self._timeout if timeout is None else _seconds(timeout)
+        deadline = None if seconds == 0 else time.monotonic() + seconds
+        while True:
+            with self._errors():
+                found, payload = self._queue_pop_script(keys=[list_key, self._notify])
+            if found:
+                return bytes(payload)
+            if not block:
+                raise StoreQueueEmptyError(f"queue {name!r} in {self._describe()} is empty")
+            if _past(deadline) or self._block_until_written(
+                    {name.encode("utf-8")}, payload, deadline, field=b"q"):
+                raise StoreTimeoutError(
+                    f"timeout after {_fmt_seconds(seconds)} s waiting for a value in queue "
+                    f"{name!r} in {self._describe()}", [name], seconds)
+
+    def queue_len(self, queue: str | bytes) -> int:
+        """How many values ``queue`` holds (0 for a queue never pushed to)."""
+        with self._errors():
+            return int(self._writer.llen(self._queue_key(_key_name(queue))))
+
+    def _queue_key(self, name: str) -> str:
+        return JobKeys(self._job_id).store_queue(self._namespace, name)
 
     # -- internals ---------------------------------------------------------------------
 
@@ -524,41 +666,110 @@ class RedisStore:
             missing = [n for n, v in zip(names, found, strict=True) if v is None or v is False]
             if not missing:
                 return [bytes(v) if isinstance(v, (bytes, bytearray)) else None for v in found]
-            if deadline is not None and time.monotonic() >= deadline:
+            if _past(deadline) or self._block_until_written(
+                    {n.encode("utf-8") for n in missing}, last_id, deadline):
                 raise StoreTimeoutError(
                     f"timeout after {_fmt_seconds(seconds)} s waiting for key(s) "
                     f"{_quoted(missing)} in {self._describe()}",
                     missing, seconds,
                 )
-            self._block_until_written({n.encode("utf-8") for n in missing}, last_id, deadline)
 
     def _block_until_written(self, wanted: set[bytes], last_id: bytes,
-                             deadline: float | None) -> None:
-        """Read the notify stream from ``last_id`` until an entry names a wanted key, a
-        block chunk ends, or the deadline passes; the caller then re-checks."""
+                             deadline: float | None, field: bytes = b"k") -> bool:
+        """Read the notify stream from ``last_id`` until an entry's ``field`` (``k`` a key,
+        ``q`` a queue) names a wanted one, a block chunk ends, or the deadline passes; the
+        caller then looks again. ``True`` (timed out) when the deadline passed and nothing
+        it waits for was written since ``last_id``: the caller raises without another look,
+        which would only cost a round trip past the deadline."""
         while True:
             block_ms = self._chunk_ms
+            last_block = False
             if deadline is not None:
                 remaining_ms = math.ceil((deadline - time.monotonic()) * 1000)
                 if remaining_ms <= 0:
-                    return
-                block_ms = min(block_ms, remaining_ms)
+                    return True
+                if remaining_ms <= block_ms:
+                    block_ms, last_block = remaining_ms, True
             with self._errors():
                 # Always an explicit id (never '$'): a retried XREAD re-sends it and sees
                 # every entry written while the connection was down.
-                reply = self._reader.xread({self._notify: last_id}, count=_READ_COUNT,
-                                           block=block_ms)
-            if not reply:
-                return
+                if last_block:
+                    assert deadline is not None
+                    reply = self._xread_until(last_id, block_ms, deadline)
+                else:
+                    reply = self._reader.xread({self._notify: last_id}, count=_READ_COUNT,
+                                               block=block_ms)
+            if not reply or not reply[0][1]:
+                return _past(deadline)
             entries = reply[0][1]
-            if not entries:
-                return
             last_id = entries[-1][0]
             if len(entries) >= _READ_COUNT:
-                return
+                return False  # a trim may have cut what it waits for: look again
             for _entry_id, fields in entries:
-                if fields.get(b"k") in wanted:
-                    return
+                if fields.get(field) in wanted:
+                    return False
+
+    def _xread_until(self, last_id: bytes, block_ms: int, deadline: float) -> Any:
+        """The XREAD of a wait's last block, over by ``deadline`` (monotonic) whatever the
+        server's ``hz``: see the module's Timeouts. ``None`` when it ran out."""
+        node = _deadline_client(self._reader, self._notify)
+        if node is None:  # a client whose connections are not ours to hold (a bridge)
+            return self._reader.xread({self._notify: last_id}, count=_READ_COUNT,
+                                      block=block_ms)
+        pool = node.connection_pool
+        conn = pool.get_connection()
+        try:
+            return conn.retry.call_with_retry(
+                lambda: self._xread_on(node, conn, last_id, deadline),
+                lambda _error: conn.disconnect())
+        except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.MovedError,
+                redis.exceptions.AskError, redis.exceptions.TryAgainError,
+                redis.exceptions.ClusterDownError):
+            if node is self._reader:
+                raise
+            # A cluster's node failed or gave the slot away: the cluster client follows
+            # that (its retries, a new slot map); this one block may end late.
+            remaining_ms = math.ceil((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                return None
+            return self._reader.xread({self._notify: last_id}, count=_READ_COUNT,
+                                      block=remaining_ms)
+        finally:
+            pool.release(conn)
+
+    def _xread_on(self, node: redis.Redis, conn: Any, last_id: bytes,
+                  deadline: float) -> Any:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        # The server's own block is the whole remaining time, so it never answers early.
+        conn.send_command("XREAD", "COUNT", _READ_COUNT, "BLOCK",
+                          max(1, math.ceil(remaining * 1000)), "STREAMS", self._notify, last_id)
+        if not conn.can_read(timeout=max(0.0, deadline - time.monotonic())):
+            # Still blocked at the deadline: the reply will come, so this connection cannot
+            # carry another command. Dropped; the pool reconnects it on its next use.
+            conn.disconnect()
+            return None
+        return node.parse_response(conn, "XREAD")
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def _deadline_client(reader: Any, key: str) -> redis.Redis | None:
+    """The plain client whose pool serves ``key``'s blocking reads: ``reader`` itself or, on
+    a cluster, the client of the node that holds ``key``'s slot. ``None`` for anything else
+    (the agent's bridge to its asyncio client), whose blocks end on the server's clock."""
+    kind = type(reader)  # not isinstance: a bridge passes for the client it stands for
+    if issubclass(kind, redis.cluster.RedisCluster):
+        try:
+            return reader.get_redis_connection(reader.get_node_from_key(key))
+        except (redis.RedisError, redis.exceptions.RedisClusterException):
+            return None  # no slot map yet: the cluster client's own read finds one
+    if issubclass(kind, redis.Redis) and reader.connection is None:  # not single-connection
+        return reader
+    return None
 
 
 def _block_chunk_ms(reader: redis.Redis) -> int:

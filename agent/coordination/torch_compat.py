@@ -13,16 +13,20 @@ that needs it.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
+import redis
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousConnectionError,
+    RendezvousError,
     RendezvousHandler,
     RendezvousInfo,
     RendezvousParameters,
@@ -32,11 +36,23 @@ from torch.distributed.elastic.rendezvous import (
 
 from elastic_agent.coordination.rendezvous.drivers import RedisRendezvous
 from elastic_agent.coordination.rendezvous.types import RendezvousSettings
-from elastic_agent.coordination.store import DEFAULT_TIMEOUT, RedisStore, StoreTimeoutError
-from elastic_agent.coordination.transport.connection import RedisUnavailableError
-from elastic_agent.coordination.transport.endpoints import Endpoint
+from elastic_agent.coordination.store import (
+    DEFAULT_TIMEOUT,
+    RedisStore,
+    StoreQueueEmptyError,
+    StoreTimeoutError,
+)
+from elastic_agent.coordination.transport.connection import RedisUnavailableError, explain_error
+from elastic_agent.coordination.transport.endpoints import (
+    Endpoint,
+    EndpointError,
+    parse_endpoint,
+    with_outside_password,
+)
 
 from .rendezvous import types as rendezvous_types
+
+log = logging.getLogger(__name__)
 
 __all__ = ["LogPlan", "LogsSpecsPlugin", "TorchRedisStore"]
 
@@ -52,6 +68,8 @@ def _as_torch_errors() -> Iterator[None]:
         yield
     except StoreTimeoutError as exc:
         raise dist.DistStoreError(str(exc)) from exc
+    except StoreQueueEmptyError as exc:
+        raise dist.QueueEmptyError(str(exc)) from exc
     except RedisUnavailableError as exc:
         raise dist.DistNetworkError(str(exc)) from exc
 
@@ -164,6 +182,34 @@ class TorchRedisStore(dist.Store):
     def deleteKey(self, key: str) -> bool:  # the name C++ looks up
         return self.delete_key(key)
 
+    # torch's trampoline for Python stores forwards neither listKeys nor the queue calls, so
+    # a PrefixStore over this store raises torch's NotImplementedError for them; called on
+    # this object they work (docs/TORCHRUN.md).
+
+    def list_keys(self) -> list[str]:
+        """Every key of the namespace (paged, bounded: ``RedisStore.list_keys``); keys
+        written through a ``PrefixStore`` carry its prefix, as with HashStore."""
+        with _as_torch_errors():
+            return self._store.list_keys()
+
+    def listKeys(self) -> list[str]:  # the C++ name, should torch ever look it up
+        return self.list_keys()
+
+    def queue_push(self, key: str, value: bytes | str) -> None:
+        with _as_torch_errors():
+            self._store.queue_push(key, value)
+
+    def queue_pop(self, key: str, block: bool = True) -> bytes:
+        """The oldest value; ``block=False`` on an empty queue raises
+        ``torch.distributed.QueueEmptyError``, a blocking pop ``DistStoreError`` after the
+        store's timeout (as HashStore and TCPStore)."""
+        with _as_torch_errors():
+            return self._store.queue_pop(key, block, timeout=self._deadline())
+
+    def queue_len(self, key: str) -> int:
+        with _as_torch_errors():
+            return self._store.queue_len(key)
+
     def append(self, key: str, value: bytes | str) -> None:
         with _as_torch_errors():
             self._store.append(key, value)
@@ -195,32 +241,54 @@ class TorchRedisStore(dist.Store):
 # -- rendezvous ---------------------------------------------------------------------------
 
 def _settings_from(params: RendezvousParameters) -> RendezvousSettings:
-    """``--rdzv-conf`` values arrive as strings; times may be fractional seconds."""
-    def seconds(key: str, default: float) -> float:
+    """``--rdzv-conf`` values arrive as strings; times may be fractional seconds. torch's
+    ``keep_alive_max_attempt`` (keep-alives missed before a node is dead) sets the heartbeat
+    timeout to that many intervals unless ``heartbeat_timeout`` is given, as in elastic-agent.
+    Other keys are left alone, as torch's own handlers leave the keys they do not read."""
+    def given(key: str) -> str | None:
         value = params.get(key, None)
-        if value is None or value == "":
+        return None if value is None or value == "" else str(value)
+
+    def seconds(key: str, default: float) -> float:
+        value = given(key)
+        if value is None:
             return default
         try:
             return float(value)
-        except (TypeError, ValueError):
+        except ValueError:
             raise ValueError(f"--rdzv-conf {key}={value!r} is not a number of seconds") from None
 
     d = RendezvousSettings()
+    interval = seconds("keep_alive_interval", d.keep_alive_interval)
+    timeout = seconds("heartbeat_timeout", d.heartbeat_timeout)
+    attempts = given("keep_alive_max_attempt")
+    if attempts is not None and given("heartbeat_timeout") is None:
+        try:
+            timeout = int(attempts) * interval
+        except ValueError:
+            raise ValueError(f"--rdzv-conf keep_alive_max_attempt={attempts!r} is not a "
+                             "whole number") from None
     return RendezvousSettings(
         min_nodes=params.min_nodes,
         max_nodes=params.max_nodes,
         join_timeout=seconds("join_timeout", d.join_timeout),
         last_call_timeout=seconds("last_call_timeout", d.last_call_timeout),
-        heartbeat_timeout=seconds("heartbeat_timeout", d.heartbeat_timeout),
-        keep_alive_interval=seconds("keep_alive_interval", d.keep_alive_interval),
+        heartbeat_timeout=timeout,
+        keep_alive_interval=interval,
     )
 
 
 class RedisRendezvousHandler(RendezvousHandler):
-    """torch's ``RendezvousHandler`` over :class:`RedisRendezvous`.
+    """torch's ``RendezvousHandler`` over :class:`RedisRendezvous`, meaning what torch's c10d
+    handler means (docs/TORCHRUN.md lists where it differs, and why).
 
     ``next_rendezvous`` returns a store for the round (namespace ``r<round>`` of the job) and
-    group rank 0's MASTER_ADDR/MASTER_PORT. Errors are torch's rendezvous error classes.
+    group rank 0's MASTER_ADDR/MASTER_PORT. ``shutdown`` closes the rendezvous for every node
+    and ``num_nodes_waiting`` counts only the nodes that asked to join, as torch's agents
+    expect; ``elastic-agent`` drives the same core with its own meanings (it leaves on
+    shutdown and re-forms when a node is lost or gone). Errors are torch's rendezvous error
+    classes. The handler owns its core: dropped without ``shutdown``, both are collected and
+    the node's heartbeats stop, as torch's keep-alive timer stops with its handler.
     """
 
     def __init__(self, core: RedisRendezvous, store_timeout: float = 300.0) -> None:
@@ -236,17 +304,31 @@ class RedisRendezvousHandler(RendezvousHandler):
 
     @property
     def use_agent_store(self) -> bool:
+        # False, as torch's abstract handler: torch's agent then lets the workers build their
+        # own store on MASTER_ADDR:MASTER_PORT (only c10d's handler shares its TCPStore).
         return self._core.use_agent_store
 
-    def next_rendezvous(self) -> RendezvousInfo:
+    @contextlib.contextmanager
+    def _torch_errors(self) -> Iterator[None]:
+        """Our rendezvous errors (and Redis's, from a plain read) as torch's classes, worded
+        for torchrun's flags."""
         try:
-            result = self._core.next_rendezvous()
+            yield
         except rendezvous_types.RendezvousClosedError as exc:
-            raise RendezvousClosedError(str(exc)) from None
+            raise RendezvousClosedError(_for_torchrun(exc)) from None
         except rendezvous_types.RendezvousTimeoutError as exc:
-            raise RendezvousTimeoutError(str(exc)) from None
+            raise RendezvousTimeoutError(_for_torchrun(exc)) from None
         except rendezvous_types.RendezvousConnectionError as exc:
-            raise RendezvousConnectionError(str(exc)) from None
+            raise RendezvousConnectionError(_for_torchrun(exc)) from None
+        except rendezvous_types.RendezvousError as exc:
+            raise RendezvousError(_for_torchrun(exc)) from None
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            raise RendezvousConnectionError(
+                str(explain_error(exc, self._core.endpoint.display))) from None
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        with self._torch_errors():
+            result = self._core.next_rendezvous()
         store = TorchRedisStore(RedisStore(self._core.endpoint, self._core.job_id,
                                            f"r{result.round}", self._store_timeout))
         return RendezvousInfo(
@@ -255,25 +337,67 @@ class RedisRendezvousHandler(RendezvousHandler):
         )
 
     def is_closed(self) -> bool:
-        return self._core.is_closed()
+        with self._torch_errors():
+            return self._core.is_closed()
 
     def set_closed(self) -> None:
-        self._core.set_closed()
+        with self._torch_errors():
+            self._core.set_closed()
 
     def num_nodes_waiting(self) -> int:
-        return self._core.num_nodes_waiting()
+        """Late arrivals the completed round has room for, and everyone in a newer round
+        this node is not in: the nodes that asked to join. A member lost or gone is not one
+        (torch's agents never restart for it, pytorch #111646), though it frees its place."""
+        with self._torch_errors():
+            return self._core.num_nodes_waiting(departures=False)
 
     def get_run_id(self) -> str:
         return self._core.get_run_id()
 
     def shutdown(self) -> bool:
-        return self._core.shutdown()
+        """As torch's c10d handler: stop beating and close the rendezvous for every node
+        (torchrun calls this when its agent ends: the others see the job closed, not a
+        membership change to restart for). False if Redis could not be told."""
+        self._core.stop_heartbeats()
+        try:
+            self._core.set_closed()
+        except (rendezvous_types.RendezvousError, redis.RedisError) as exc:
+            message = (_for_torchrun(exc) if isinstance(exc, rendezvous_types.RendezvousError)
+                       else str(explain_error(exc, self._core.endpoint.display)))
+            log.warning("node %s could not close the rendezvous of %r: %s",
+                        self._core.node_id, self._core.job_id, message)
+            return False
+        finally:
+            self._core.close()
+        return True
+
+
+def _for_torchrun(exc: BaseException) -> str:
+    # The core speaks elastic-agent's flags; torchrun's user knows the job id as --rdzv-id.
+    return str(exc).replace("--job-id", "--rdzv-id")
+
+
+#: Where the plugin finds Redis when torchrun got no ``--rdzv-endpoint`` (``accelerate
+#: launch`` on one machine passes none): elastic-agent's variable.
+URL_ENV = "ELASTIC_REDIS_URL"
+
+
+def _endpoint_from(params: RendezvousParameters) -> Endpoint:
+    """``--rdzv-endpoint``, else ``$ELASTIC_REDIS_URL``, else ``redis://127.0.0.1:6379``;
+    the password from elastic-agent's sources outside argv when the URL has none
+    (``$ELASTIC_REDIS_PASSWORD_FILE``, ``$REDISCLI_AUTH``)."""
+    given = (params.endpoint or "").strip()
+    source = "--rdzv-endpoint" if given else f"${URL_ENV}"
+    try:
+        return with_outside_password(parse_endpoint(given or os.environ.get(URL_ENV)))
+    except EndpointError as exc:
+        raise ValueError(f"{source}: {exc}") from None
 
 
 def create_handler(params: RendezvousParameters) -> RedisRendezvousHandler:
-    """The ``redis`` backend's creator: ``--rdzv-endpoint`` is the Redis endpoint (host,
-    host:port or a URL), ``--rdzv-id`` the job id."""
-    core = RedisRendezvous(params.endpoint, params.run_id, _settings_from(params),
+    """The ``redis`` backend's creator: ``--rdzv-endpoint`` (or ``$ELASTIC_REDIS_URL``) is the
+    Redis endpoint (host, host:port or a URL), ``--rdzv-id`` the job id."""
+    core = RedisRendezvous(_endpoint_from(params), params.run_id, _settings_from(params),
                            local_addr=params.local_addr)
     return RedisRendezvousHandler(core)
 

@@ -19,8 +19,10 @@ The protocol
     * Every node heartbeats into a sorted set scored with server time. A node whose
       heartbeats stop for ``heartbeat_timeout`` is lost: it is dropped from an open round and
       counted by ``num_nodes_waiting`` of a completed one, so the survivors re-form
-      (torch's own handler never notices this, pytorch #111646).
-    * ``set_closed`` closes the job's rendezvous for everyone; ``shutdown`` only leaves.
+      (torch's own handler never notices this, pytorch #111646; through torch's API,
+      ``num_nodes_waiting(departures=False)``, neither does this one).
+    * ``set_closed`` closes the job's rendezvous for everyone; ``shutdown`` only leaves (what
+      elastic-agent's scale-down needs; torch's handler closes instead: torch_compat).
 
     Waiters are woken by a notify stream that every script appends to (XREAD BLOCK from the
     id the script returned, so no wake-up is lost); time-based transitions (last-call
@@ -42,6 +44,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Generator, Iterator
 from typing import Any, TypeVar
 
@@ -77,8 +80,12 @@ class RedisRendezvous(RendezvousSteps):
     ``next_rendezvous`` blocks until a round including this node completes and returns its
     group rank; it raises :class:`RendezvousClosedError` if the job's rendezvous is closed
     and :class:`RendezvousTimeoutError` after ``join_timeout``. Heartbeats start with the
-    first join and stop with :meth:`shutdown`. The decisions are :class:`RendezvousSteps`';
-    this class does their I/O with blocking clients and beats from a thread.
+    first join and stop with :meth:`shutdown` (or :meth:`stop_heartbeats`), or when the handle
+    is garbage-collected: the thread holds it weakly, as torch's keep-alive timer holds its
+    handler, so a handle dropped without a word goes quiet and its node is lost after the
+    heartbeat timeout, like a dead host's; the clients it made are closed then too. The
+    decisions are :class:`RendezvousSteps`'; this class does their I/O with blocking clients
+    and beats from a thread.
     """
 
     def __init__(
@@ -100,6 +107,10 @@ class RedisRendezvous(RendezvousSteps):
         self._client = client or make_client(self.endpoint)
         self._reader = reader or make_client(self.endpoint, blocking_ms=BLOCK_CHUNK_MS)
         self._owns_clients = client is None
+        # Set before the beats start: the thread waits on the event, never on this handle.
+        self._finalizer = weakref.finalize(
+            self, _release, self._stop,
+            (self._client, self._reader) if self._owns_clients else ())
         #: Scripts this handle has run: the first call of each sends its text (EVAL), later
         #: ones its hash. On a fresh Redis, N nodes released together would otherwise each
         #: get NOSCRIPT, load the script and call again: three commands instead of one.
@@ -209,13 +220,16 @@ class RedisRendezvous(RendezvousSteps):
         """
         return self._drive(self._lost_steps(beat))
 
-    def num_nodes_waiting(self) -> int:
+    def num_nodes_waiting(self, departures: bool = True) -> int:
         """How many nodes want a new round: the agent should re-rendezvous when > 0.
 
         Counts late arrivals the completed round has room for, members lost or gone, and,
-        when a newer round has opened without this node, everyone in it.
+        when a newer round has opened without this node, everyone in it. ``departures=False``
+        (torch's handler) counts only the nodes that asked to join: a member lost or gone
+        frees its place for a late arrival but is nobody waiting.
         """
-        return self.waiting_count(self._drive(self._summary_steps(mark_lost=False))[0])
+        return self.waiting_count(self._drive(self._summary_steps(mark_lost=False))[0],
+                                  departures=departures)
 
     def is_closed(self) -> bool:
         return self._client.hget(self.keys.rdzv_state, "closed") == b"1"
@@ -225,20 +239,30 @@ class RedisRendezvous(RendezvousSteps):
         self._call("close", [])
 
     def shutdown(self) -> bool:
-        """Leave the rendezvous (the others may re-form without us); stop heartbeats."""
-        self._stop.set()
-        if self._hb_thread is not None:
-            self._hb_thread.join(timeout=5)
+        """Leave the rendezvous (the others re-form without us: elastic-agent's scale-down),
+        stop heartbeats and close the clients this handle made. torch's handler closes the
+        rendezvous instead (torch_compat), as torch's c10d handler does."""
+        self.stop_heartbeats()
         try:
             self._call("leave", [self.node_id, self.settings.min_nodes])
         except RendezvousConnectionError as exc:
             log.warning("could not leave the rendezvous cleanly: %s", exc)
             return False
         finally:
-            if self._owns_clients:
-                self._client.close()
-                self._reader.close()
+            self.close()
         return True
+
+    def stop_heartbeats(self) -> None:
+        """No more heartbeats, nothing said: to Redis this node is gone (a host that died)."""
+        self._stop.set()
+        thread = self._hb_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+    def close(self) -> None:
+        """Stop beating and close the clients this handle made (the caller's stay open).
+        Also done when the handle is garbage-collected."""
+        self._finalizer()
 
     @property
     def use_agent_store(self) -> bool:
@@ -255,23 +279,25 @@ class RedisRendezvous(RendezvousSteps):
         with self._lock:
             if self._hb_thread is not None:
                 return
+            # The thread holds this handle weakly (see the class): a strong reference from a
+            # thread that lives as long as the process would keep it, and its beats, forever.
             self._hb_thread = threading.Thread(
-                target=self._heartbeat_loop, name=f"rdzv-heartbeat-{self.job_id}", daemon=True
-            )
+                target=_beat_while_held,
+                args=(weakref.ref(self), self._stop, self.settings.keep_alive_interval),
+                name=f"rdzv-heartbeat-{self.job_id}", daemon=True)
             self._hb_thread.start()
 
-    def _heartbeat_loop(self) -> None:
-        last_error = ""
-        while not self._stop.wait(self.settings.keep_alive_interval):
-            if not self._beat_due():
-                continue
-            try:
-                self.heartbeat()
-                last_error = ""
-            except RendezvousOutOfMemoryError:
-                last_error = ""  # pressure.OOM reports the episode, for every writer at once
-            except Exception as exc:  # this thread must outlive any refusal
-                last_error = self._heartbeat_failed(exc, last_error)
+    def _beat_if_due(self, last_error: str) -> str:
+        """One tick of the heartbeat thread; returns the failure's wording ('' if none)."""
+        if not self._beat_due():
+            return last_error
+        try:
+            self.heartbeat()
+        except RendezvousOutOfMemoryError:
+            return ""  # pressure.OOM reports the episode, for every writer at once
+        except Exception as exc:  # the thread must outlive any refusal
+            return self._heartbeat_failed(exc, last_error)
+        return ""
 
     def _heartbeat_failed(self, exc: BaseException, last_error: str) -> str:
         """Keep trying, whatever Redis answers: an outage, or a refusal such as OOM
@@ -283,6 +309,28 @@ class RedisRendezvous(RendezvousSteps):
         if message != last_error:
             log.warning("heartbeat failed: %s", message)
         return message
+
+
+def _beat_while_held(ref: weakref.ref[RedisRendezvous], stop: threading.Event,
+                     interval: float) -> None:
+    """The heartbeat thread: a beat when due at every tick, until ``stop`` is set or the
+    handle is collected. The handle is held only for the tick's own call."""
+    last_error = ""
+    while not stop.wait(interval):
+        node = ref()
+        if node is None:
+            return
+        last_error = node._beat_if_due(last_error)
+        del node  # not held while waiting for the next tick
+
+
+def _release(stop: threading.Event, clients: tuple[redis.Redis, ...]) -> None:
+    """A handle's end (:meth:`RedisRendezvous.close`, or its collection): no more beats,
+    its own clients closed. Holds nothing of the handle itself (``weakref.finalize``)."""
+    stop.set()
+    for client in clients:
+        with contextlib.suppress(Exception):  # closing a client that is gone already
+            client.close()
 
 
 class AsyncRedisRendezvous(RedisRendezvous):

@@ -166,6 +166,14 @@ local function complete(round, now)
   redis.call('ZREMRANGEBYSCORE', K_HB, '-inf', '(' .. (now - 3600000))
 end
 
+-- When the open round completes at the latest, given its 'deadline' field (0: no last call
+-- yet): the end of its last call; once that is over in a re-forming round that waits for
+-- nodes that beat but have not joined (see maybe_complete), one heartbeat timeout after it.
+local function completes_by(deadline, now, hbt)
+  if deadline > 0 and now >= deadline then return deadline + hbt end
+  return deadline
+end
+
 -- Complete the open round if its conditions hold now. Returns true if it completed.
 local function maybe_complete(round, now, min, max, last_call, hbt)
   local n = redis.call('ZCARD', K_MEMBERS)
@@ -184,15 +192,22 @@ local function maybe_complete(round, now, min, max, last_call, hbt)
     set_deadline(now + last_call)
     return false
   end
-  if now >= deadline then complete(round, now); return true end
+  -- Past the last call a re-forming round (here: some node beats that has not joined, the
+  -- previous round's members still stopping their workers) waits for them one heartbeat
+  -- timeout more: completed without them, they would wait for the next round and make the
+  -- job re-form once more at once. One that beats and never comes holds it no longer.
+  if now >= deadline and (round == 0 or now >= deadline + hbt) then
+    complete(round, now)
+    return true
+  end
   return false
 end
 
 -- The earliest server time at which a time-based transition may happen.
 local function next_wake(now, hbt)
   local wake = now + 3600000
-  local deadline = tonumber(redis.call('HGET', K_STATE, 'deadline'))
-  if deadline and deadline > 0 and deadline < wake then wake = deadline end
+  local deadline = completes_by(tonumber(redis.call('HGET', K_STATE, 'deadline')) or 0, now, hbt)
+  if deadline > 0 and deadline < wake then wake = deadline end
   local first = redis.call('ZRANGEBYSCORE', K_HB, now - hbt, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   if #first > 0 then
     local exp = tonumber(first[2]) + hbt + 1
@@ -201,13 +216,14 @@ local function next_wake(now, hbt)
   return wake
 end
 
--- What a waiter of the open round shows: counts, and names only while they are few.
-local function open_payload()
+-- What a waiter of the open round shows: counts, and names only while they are few;
+-- deadline: when the round completes at the latest.
+local function open_payload(now, hbt)
   local n = redis.call('ZCARD', K_MEMBERS)
   local s = redis.call('HMGET', K_STATE, 'deadline', 'back', 'prev_n')
   local members = {}
   if n <= NAMES then members = redis.call('ZRANGE', K_MEMBERS, 0, -1) end
-  return cjson.encode({n = n, members = members, deadline = tonumber(s[1]) or 0,
+  return cjson.encode({n = n, members = members, deadline = completes_by(tonumber(s[1]) or 0, now, hbt),
                        back = tonumber(s[2]) or 0, prev = tonumber(s[3]) or 0})
 end
 """
@@ -265,7 +281,7 @@ if maybe_complete(round, now, min, max, last_call, hbt) then
   return {'complete', round, now, 0, id, redis.call('HGET', K_STATE, 'head'),
           redis.call('HGET', K_ASSIGN, node)}
 end
-return {'open', round, now, next_wake(now, hbt), last_notify_id(), open_payload(), ''}
+return {'open', round, now, next_wake(now, hbt), last_notify_id(), open_payload(now, hbt), ''}
 """
 
 

@@ -295,9 +295,12 @@ class RendezvousSteps:
             return replace(m, lost=[]), []
         return m, newly
 
-    def waiting_count(self, m: Membership, include_lost: bool = True) -> int:
+    def waiting_count(self, m: Membership, include_lost: bool = True,
+                      departures: bool = True) -> int:
         """``num_nodes_waiting`` for a membership already read. ``include_lost=False`` ignores
-        stale heartbeats (right after a Redis outage every heartbeat looks stale)."""
+        stale heartbeats (right after a Redis outage every heartbeat looks stale).
+        ``departures=False`` counts only nodes that asked to join, as torch's handler does:
+        members lost or gone free their places for late arrivals but are not counted."""
         mine = self._last_round
         if mine is not None and m.round > mine:
             return max(1, m.member_count)
@@ -305,6 +308,8 @@ class RendezvousSteps:
             return m.member_count if mine is not None else 0
         lost = len(m.lost) if include_lost else 0
         room = max(0, self.settings.max_nodes - m.member_count + lost + m.left_count)
+        if not departures:
+            return min(m.waiting_count, room)
         return min(m.waiting_count, room) + lost + m.left_count
 
     # -- heartbeats -----------------------------------------------------------------------
