@@ -25,7 +25,7 @@ redis: $(STAMP)
 	@bash scripts/ensure-tools.sh $(VENV) redis-server
 
 tools: $(STAMP)
-	@bash scripts/ensure-tools.sh $(VENV) redis-server tmux chromium slurm
+	@bash scripts/ensure-tools.sh $(VENV) redis-server tmux chromium slurm util-linux procps
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check agent console tests bench examples scripts

@@ -96,7 +96,12 @@ from elastic_console.tui.app import ConsoleApp
 AGENT = [sys.executable, "-m", "elastic_agent.supervision.cli"]
 CONSOLE = [sys.executable, "-m", "elastic_console.cli"]
 #: Agents started on one machine share it with everything else: generous rendezvous times.
-DEFAULT_RDZV = "last_call_timeout=3,heartbeat_timeout=6,keep_alive_interval=1,join_timeout=300"
+#: The last call outlasts the slowest agent's way back into a re-forming round (the
+#: survivors' stacks, 2 s at most, then its workers' stop, up to ``--shutdown-timeout``
+#: (5 s): with ``--nnodes AGENTS-1:AGENTS`` a round that completed without it would leave it
+#: waiting, and one episode would cost two rounds. (The rendezvous waits past the last call
+#: for a member that still beats too, one heartbeat timeout more: docs/PROTOCOL.md.)
+DEFAULT_RDZV = "last_call_timeout=8,heartbeat_timeout=6,keep_alive_interval=1,join_timeout=300"
 EPISODE_S = 12.0  # one episode per this many seconds of --duration, by default
 
 WORKER = '''\

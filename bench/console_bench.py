@@ -107,10 +107,15 @@ machine did not produce the load and nothing was shown), and RSS stayed flat (un
 2 MiB/s over the hold) after the rings filled and turned over and, up to 1,024 ranks at the
 default scrollback or less, ended at 300 MiB at most; 1 otherwise.
 
+``--metrics`` adds training metrics flowing as agents publish them: every rank's latest step,
+total, rate and values in its resource sample, and one entry a node a second on the metrics
+stream (each rank's points of that second, 4 values a step), which the console folds
+(console/job/metrics.py) while the keys are timed.
+
     python bench/console_bench.py [--seconds 20] [--rate 50000] [--ranks 1024]
                                   [--scrollback 500,2000] [--history 30] [--hold 20]
                                   [--memory-max 120] [--steady-max 60] [--quick] [--profile DIR]
-                                  [--trace-stalls]
+                                  [--trace-stalls] [--metrics]
 """
 
 from __future__ import annotations
@@ -149,6 +154,7 @@ from elastic_agent.coordination.transport.connection import make_async_client, m
 from elastic_agent.coordination.transport.endpoints import parse_endpoint
 from elastic_agent.coordination.wire.event_records import EventType, encode_event
 from elastic_agent.coordination.wire.keyspace import EVENTS_MAXLEN, JOBS_INDEX, LOGS_MAXLEN, JobKeys
+from elastic_agent.coordination.wire.metric_records import METRICS_MAXLEN, encode_metrics_entry
 from elastic_agent.coordination.wire.protocol import PROTOCOL_VERSION
 from elastic_agent.supervision.hosting.standalone import RedisServer
 from elastic_agent.supervision.records.log_shipping import LOG_LINGER
@@ -166,6 +172,7 @@ KEY_TIMEOUT_S = 2.0
 STEADY_MIN_S = 2.0
 STEADY_LAG_MS = 1000.0
 FAIL_RANK = 37
+METRICS_STEPS_PER_S = 2  # --metrics: steps a rank makes a second
 RESTART_GAP_S = 0.4
 SAMPLE_S = 0.25
 STALL_TRACE_MS = 40.0  # --profile: stalls this long are explained from stack samples
@@ -215,8 +222,13 @@ class Feeder:
     """Writes the synthetic job: exactly what agents would write for it."""
 
     def __init__(self, r: redis.Redis, job: str, ranks: int, rate: float, seed: int,
-                 nproc: int = NPROC) -> None:
+                 nproc: int = NPROC, metrics: bool = False) -> None:
         self.r = r
+        # --metrics: training metrics as agents publish them (their latest in each sample,
+        # one entry a node a second of its ranks' points: METRICS_STEPS_PER_S steps each).
+        self.metrics = metrics
+        self.metrics_step = 0
+        self.metrics_start = time.time()
         self.job = job
         self.keys = JobKeys(job)
         self.world = ranks
@@ -290,14 +302,29 @@ class Feeder:
     def resources(self) -> None:
         now = time.time()
         mapping = {}
+        step = int((now - self.metrics_start) * METRICS_STEPS_PER_S)
         for n in self.nodes:
             for i, rank in enumerate(n.ranks):
-                mapping[str(rank)] = json.dumps(
-                    {"rank": rank, "node": n.node, "pid": self.pids(n)[i],
-                     "cpu": round(90 + self.rnd.random() * 15, 1),
-                     "rss": 3_000_000_000 + self.rnd.randrange(500_000_000),
-                     "threads": 24, "ts": now}, separators=(",", ":"))
+                sample: dict[str, Any] = {
+                    "rank": rank, "node": n.node, "pid": self.pids(n)[i],
+                    "cpu": round(90 + self.rnd.random() * 15, 1),
+                    "rss": 3_000_000_000 + self.rnd.randrange(500_000_000),
+                    "threads": 24, "ts": now}
+                if self.metrics:
+                    sample.update(step=step - (rank == FAIL_RANK), total=100_000,
+                                  rate=float(METRICS_STEPS_PER_S), m=_metric_values(rank, step))
+                mapping[str(rank)] = json.dumps(sample, separators=(",", ":"))
         self.r.hset(self.keys.resources, mapping=mapping)
+        if self.metrics and step > self.metrics_step:
+            steps = range(self.metrics_step + 1, step + 1)
+            pipe = self.r.pipeline(transaction=False)
+            for n in self.nodes:
+                pipe.xadd(self.keys.metrics, encode_metrics_entry(n.node, self.attempt, {
+                    rank: [(s, int((step - s) * 1000 / METRICS_STEPS_PER_S),
+                            _metric_values(rank, s)) for s in steps] for rank in n.ranks}),
+                          maxlen=METRICS_MAXLEN, approximate=True)
+            pipe.execute()
+            self.metrics_step = step
         # And every node's heartbeat (rendezvous.py: server time in a sorted set), without
         # which the console sees a lost job (commands disabled) rather than a running one.
         secs, micros = self.r.time()
@@ -500,6 +527,12 @@ class Feeder:
                 "late_max_ms": late_ms[-1] if late_ms else 0.0}
 
 
+def _metric_values(rank: int, step: int) -> dict[str, float]:
+    """What a rank prints at a step (--metrics)."""
+    return {"loss": round(2.0 / (1 + step / 50) + (rank % 97) * 1e-3, 5), "lr": 3e-4,
+            "grad_norm": round(1 + (step * 7 + rank) % 13 / 10, 2), "tokens_per_s": 41_000.0}
+
+
 def feeder_main(args: argparse.Namespace) -> int:
     stopping = [False]
 
@@ -509,7 +542,8 @@ def feeder_main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     r = make_client(args.url)
-    feeder = Feeder(r, args.job, args.ranks, args.rate, args.seed, args.nproc_per_node)
+    feeder = Feeder(r, args.job, args.ranks, args.rate, args.seed, args.nproc_per_node,
+                    metrics=args.metrics)
     feeder.setup()
     history = feeder.prefill(args.history)
     print(f"ready {history} {feeder.entries_written}", flush=True)
@@ -1098,7 +1132,8 @@ def run_setting(children: Children, server: RedisServer, args: argparse.Namespac
     job = f"console-bench-{scrollback}-{os.getpid()}"
     common = ["--url", server.url, "--job", job, "--ranks", str(args.ranks),
               "--nproc-per-node", str(args.nproc_per_node),
-              "--rate", str(args.rate), "--seed", str(args.seed)]
+              "--rate", str(args.rate), "--seed", str(args.seed),
+              *(["--metrics"] if args.metrics else [])]
     feeder = children.start(["--feeder", *common, "--history", str(args.history)],
                             stdout=subprocess.PIPE)
     assert feeder.stdout is not None
@@ -1275,6 +1310,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="longest wait after the keys for the rings to fill and turn over")
     parser.add_argument("--steady-max", type=float, default=60.0,
                         help="longest wait after the history for the console to keep up")
+    parser.add_argument("--metrics", action="store_true",
+                        help="training metrics flowing too: every rank's latest in its sample, "
+                        "one metrics-stream entry a node a second (4 values a step, "
+                        f"{METRICS_STEPS_PER_S} steps a second)")
     parser.add_argument("--quick", action="store_true", help="a short run (smoke test)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--profile", default="",

@@ -102,6 +102,9 @@ def find_launcher(name: str) -> str | None:
 # --------------------------------------------------------------------------- process tree
 
 
+#: The titles of the zygote, its keepers and its parked workers (launch/zygote.py).
+_TITLED = (b"elastic-agent zygote", b"elastic-agent keeper", b"elastic-agent parked")
+
 def tree_pids(root: int) -> list[tuple[int, int]]:
     """(pid, parent pid) of ``root`` and its descendants, from /proc/<pid>/task/<tid>/children."""
     out = [(root, 0)]
@@ -190,7 +193,10 @@ class TreeSampler(threading.Thread):
                 continue  # gone, or a zombie (empty command line)
             if self.pss:
                 pss_total += pss(pid)  # a fork shares its parent's pages: Pss splits them
-            zygote = b"zygote.py" in cmdline and b"--worker" not in cmdline
+            # The zygote and its forks show what they are (launch/zygote.py titles them);
+            # a released worker shows its own command line (the worker marker).
+            zygote = (b"zygote.py" in cmdline and b"--worker" not in cmdline) or (
+                cmdline.startswith(_TITLED))
             if zygote and parent == self.root:
                 zygotes.add(pid)
             elif zygote and parent in zygotes:
@@ -606,8 +612,10 @@ def lines_in_redis(url: str, job_id: str) -> dict[int, int]:
                     if key in seen or batch.stream != STDOUT:
                         continue
                     seen.add(key)
-                    # A live batch's last line is redrawn by the next batch's first one.
-                    lines = batch.lines[:-1] if batch.live else batch.lines
+                    # A live batch's last lines (its live block) are redrawn by the next
+                    # batch's first ones.
+                    lines = (batch.lines[:len(batch.lines) - int(batch.live)] if batch.live
+                             else batch.lines)
                     counts[batch.rank] = counts.get(batch.rank, 0) + _line_counts(
                         lines, batch.rank)
                 last = entries[-1][0]

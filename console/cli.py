@@ -4,12 +4,14 @@
     elastic-console status JOB [--json]
     elastic-console logs JOB [--rank R] [--follow] [--tail N] [--grep RE] [--stderr] [--dedupe]
     elastic-console events JOB [--follow] [--json]
+    elastic-console metrics JOB [--metric M] [--rank R | --aggregate] [--json | --csv]
     elastic-console restart JOB [--yes] [--timeout S]
     elastic-console stop JOB [--yes] [--timeout S]
     elastic-console stacks JOB [--rank R] [--json] [--timeout S]
     elastic-console collectives JOB [--rank R] [--json] [--timeout S]
     elastic-console attach [JOB] [--read-only] [--scrollback N]   (no JOB: the list of jobs)
     elastic-console serve [JOB] [--host H] [--port N] [--allow-commands] [--max-sessions N]
+                          [--token-file PATH]
     elastic-console rm JOB [--force] [--timeout S]
 
 ``--redis URL`` (before or after the subcommand) names the server; default
@@ -31,6 +33,7 @@ without a terminal.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable, Coroutine
@@ -46,8 +49,10 @@ from elastic_agent.coordination.transport.endpoints import (
     parse_endpoint,
     with_outside_password,
 )
+from elastic_agent.coordination.transport.job_secret import with_job_secret
+from elastic_agent.coordination.wire.protocol import MAX_RANK
 
-from .commands import control, diagnose, interactive, logs, read
+from .commands import control, diagnose, interactive, logs, metrics, read
 from .commands.common import EXIT_OK, EXIT_USAGE, PROG, CliError, _fail, _run
 from .commands.logs import DEDUPE_HOLD_S
 from .job.state import DEFAULT_ALL_SCROLLBACK, DEFAULT_SCROLLBACK, RANK_LINES_TOTAL
@@ -61,31 +66,48 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(f"{message} (see {PROG} --help)", EXIT_USAGE)
 
 
-def _nonneg_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is negative")
-    return n
+class _Number:
+    """The one argparse type of every numeric option: a whole number (``int``) or a number
+    (``float``) from ``low`` to ``high`` (``low`` itself excluded when ``above``). NaN, the
+    infinities and anything past the bound are refused while parsing, so a bad value is one
+    line and status 2 before anything is read or sent (an infinite ``--timeout`` overflows
+    only while waiting for the acks, after its restart command was sent)."""
+
+    def __init__(self, kind: type[int] | type[float], low: float, high: float, *,
+                 above: bool = False, unit: str = "") -> None:
+        self.kind, self.low, self.high, self.above = kind, low, high, above
+        what = "a whole number" if kind is int else "a number"
+        self.what = (f"{what}{f' of {unit}' if unit else ''} "
+                     f"{'above' if above else 'from'} {low:g} "
+                     f"{'and at most' if above else 'to'} {high:,g}")
+
+    def __call__(self, value: str) -> int | float:
+        shown = repr(value if len(value) <= 40 else value[:40] + "...")
+        try:
+            x = self.kind(value)
+        except ValueError:  # int("1e3"), a 5,000-digit int: also ValueError
+            raise argparse.ArgumentTypeError(f"{shown} is not {self.what}") from None
+        if not (math.isfinite(x) and (x > self.low if self.above else x >= self.low)
+                and x <= self.high):
+            raise argparse.ArgumentTypeError(f"{shown} is not {self.what}")
+        return x
 
 
-def _positive_int(value: str) -> int:
-    n = _nonneg_int(value)
-    if n == 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is not positive")
-    return n
-
-
-def _positive_float(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not x > 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is not positive")
-    return x
+#: Seconds any --timeout may wait: a day is past any wait for agents' answers, and keeps the
+#: deadline arithmetic (milliseconds as ints for XREAD BLOCK) finite.
+TIMEOUT_MAX_S = 86_400.0
+#: Lines --tail may ask for: a stream keeps 200,000 entries by default (--log-retention), and
+#: every line asked for is held in memory before printing.
+TAIL_MAX = 1_000_000
+ATTEMPT_MAX = 1_000_000_000  # a rendezvous round number
+SESSIONS_MAX = 1_000  # serve: each session is a console process
+_seconds = _Number(float, 0, TIMEOUT_MAX_S, above=True, unit="seconds")
+_rank = _Number(int, 0, MAX_RANK - 1)
+_tail = _Number(int, 0, TAIL_MAX)
+_attempt = _Number(int, 0, ATTEMPT_MAX)
+_scrollback = _Number(int, 1, RANK_LINES_TOTAL)
+_port = _Number(int, 0, 65_535)
+_sessions = _Number(int, 1, SESSIONS_MAX)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,14 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     lg = sub.add_parser("logs", parents=[common], help="the workers' output")
     lg.add_argument("job", metavar="JOB")
-    lg.add_argument("--rank", type=_nonneg_int, default=None, help="only this global rank")
+    lg.add_argument("--rank", type=_rank, default=None, help="only this global rank")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
-    lg.add_argument("--tail", type=_nonneg_int, default=100, metavar="N",
+    lg.add_argument("--tail", type=_tail, default=100, metavar="N",
                     help="print the last N lines first (default 100)")
     lg.add_argument("--grep", metavar="RE", default=None,
                     help="only lines matching this regular expression (colours ignored)")
     lg.add_argument("--stderr", action="store_true", help="only the workers' stderr")
-    lg.add_argument("--attempt", type=_nonneg_int, default=None, metavar="N",
+    lg.add_argument("--attempt", type=_attempt, default=None, metavar="N",
                     help="the lines of attempt N only (the rendezvous round N: an earlier "
                     "run of the workers, before a restart; as k9s's previous logs)")
     lg.add_argument("--dedupe", action="store_true",
@@ -136,30 +158,47 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("-f", "--follow", action="store_true", help="keep printing new events")
     ev.add_argument("--json", action="store_true", help="one JSON object per line")
 
+    me = sub.add_parser("metrics", parents=[common],
+                        help="a training metric's curve (rank 0's, a rank's or the median "
+                        "across ranks), as the console's metrics view draws it")
+    me.add_argument("job", metavar="JOB")
+    me.add_argument("--metric", metavar="M", default=None,
+                    help="the metric (default: the first loss-like one)")
+    who = me.add_mutually_exclusive_group()
+    who.add_argument("--rank", type=_rank, default=None,
+                     help="this global rank's points (default rank 0)")
+    who.add_argument("--aggregate", action="store_true",
+                     help="the median across ranks at each step, with its min and max")
+    fmt = me.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true",
+                     help='one JSON object: {"metric", "rank", "points": [{"step", "ms", '
+                     '"value", "attempt", "redone"}]}')
+    fmt.add_argument("--csv", action="store_true", help="CSV with a header line")
+
     for name, what in (("restart", "restart the worker group of every node"),
                        ("stop", "stop the job on every node")):
         c = sub.add_parser(name, parents=[common], help=what)
         c.add_argument("job", metavar="JOB")
         c.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
-        c.add_argument("--timeout", type=_positive_float, default=15.0, metavar="S",
+        c.add_argument("--timeout", type=_seconds, default=15.0, metavar="S",
                        help="seconds to wait for the agents' acks (default 15)")
 
     sk = sub.add_parser("stacks", parents=[common],
                         help="every rank's Python stacks, identical ones grouped, odd ones first")
     sk.add_argument("job", metavar="JOB")
-    sk.add_argument("--rank", type=_nonneg_int, default=None, help="only this global rank")
+    sk.add_argument("--rank", type=_rank, default=None, help="only this global rank")
     sk.add_argument("--json", action="store_true", help="one JSON object")
-    sk.add_argument("--timeout", type=_positive_float, default=10.0, metavar="S",
+    sk.add_argument("--timeout", type=_seconds, default=10.0, metavar="S",
                     help="seconds to wait for every rank's answer (default 10)")
 
     co = sub.add_parser("collectives", parents=[common],
                         help="every rank's newest collectives (torch's flight recorder): the "
                         "ranks the others wait for, mismatched collectives")
     co.add_argument("job", metavar="JOB")
-    co.add_argument("--rank", type=_nonneg_int, default=None, help="only this global rank")
+    co.add_argument("--rank", type=_rank, default=None, help="only this global rank")
     co.add_argument("--json", action="store_true",
                     help="one JSON object; `suspects`: the waited-for ranks, ascending")
-    co.add_argument("--timeout", type=_positive_float, default=10.0, metavar="S",
+    co.add_argument("--timeout", type=_seconds, default=10.0, metavar="S",
                     help="seconds to wait for every rank's answer (default 10)")
 
     rm = sub.add_parser("rm", parents=[common],
@@ -167,14 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("job", metavar="JOB")
     rm.add_argument("--force", action="store_true",
                     help="a running job too: stop it first (every worker on every node)")
-    rm.add_argument("--timeout", type=_positive_float, default=30.0, metavar="S",
+    rm.add_argument("--timeout", type=_seconds, default=30.0, metavar="S",
                     help="with --force: seconds to wait for the agents to stop (default 30)")
 
     at = sub.add_parser("attach", parents=[common], help="the live terminal console")
     at.add_argument("job", metavar="JOB", nargs="?", default=None,
                     help="the job; without it the console opens on the list of jobs")
     at.add_argument("--read-only", action="store_true", help="never send commands")
-    at.add_argument("--scrollback", type=_positive_int, default=DEFAULT_SCROLLBACK, metavar="N",
+    at.add_argument("--scrollback", type=_scrollback, default=DEFAULT_SCROLLBACK, metavar="N",
                     help=f"log lines kept per rank (default {DEFAULT_SCROLLBACK}), "
                          f"{RANK_LINES_TOTAL:,} over all ranks at most (32,768 ranks keep "
                          f"{RANK_LINES_TOTAL // 32768} each); all ranks interleaved keep "
@@ -186,13 +225,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the job; without it the browser opens on the list of jobs")
     sv.add_argument("--host", default="127.0.0.1",
                     help="address to listen on (default 127.0.0.1: this machine only)")
-    sv.add_argument("--port", type=_nonneg_int, default=8765,
+    sv.add_argument("--port", type=_port, default=8765,
                     help="TCP port (default 8765; 0 picks a free one)")
     sv.add_argument("--allow-commands", action="store_true",
                     help="let the browser restart, stop and signal (default: read-only)")
-    sv.add_argument("--scrollback", type=_positive_int, default=DEFAULT_SCROLLBACK, metavar="N",
+    sv.add_argument("--token-file", default=None, metavar="PATH",
+                    help="write the URL's access token to PATH (mode 0600, replaced whole, "
+                         "removed at exit) and print the URL without it: for a server whose "
+                         "output is kept in a log (a pod, a service)")
+    sv.add_argument("--scrollback", type=_scrollback, default=DEFAULT_SCROLLBACK, metavar="N",
                     help=f"log lines kept per rank (default {DEFAULT_SCROLLBACK})")
-    sv.add_argument("--max-sessions", type=_positive_int, default=DEFAULT_MAX_SESSIONS,
+    sv.add_argument("--max-sessions", type=_sessions, default=DEFAULT_MAX_SESSIONS,
                     metavar="N", help="browser sessions (each a console process) at once "
                     f"(default {DEFAULT_MAX_SESSIONS})")
     return p
@@ -224,8 +267,10 @@ def main(argv: list[str] | None = None) -> int:
 def _endpoint(args: argparse.Namespace) -> Endpoint:
     value = getattr(args, "redis", None) or os.environ.get(ENV_URL) or DEFAULT_URL
     try:
-        return with_outside_password(parse_endpoint(value),
-                                     getattr(args, "redis_password_file", None))
+        # redis://agent@HOST:PORT of a SLURM-hosted Redis: its password derives from
+        # $ELASTIC_JOB_SECRET and the job (JOB_SECRET_ENV, the agent's announce line).
+        ep = with_job_secret(parse_endpoint(value), getattr(args, "job", None))
+        return with_outside_password(ep, getattr(args, "redis_password_file", None))
     except EndpointError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
 
@@ -239,7 +284,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     commands: dict[str, Callable[[Endpoint, argparse.Namespace], Coroutine[Any, Any, int]]] = {
         "ls": read.ls, "status": read.status, "logs": logs.logs, "events": read.events,
         "restart": control.command, "stop": control.command, "stacks": diagnose.stacks,
-        "collectives": diagnose.collectives, "rm": control.rm,
+        "collectives": diagnose.collectives, "rm": control.rm, "metrics": metrics.metrics,
     }
     return _run(commands[args.command](ep, args))
 

@@ -13,10 +13,11 @@ steps and after the last one (temp file, then ``os.replace``) and all ranks meet
 on start every rank loads the latest checkpoint if there is one and prints ``resumed from step S``.
 
 ``--crash-rank R --crash-step S`` makes rank R raise at step S on the first attempt only
-(``TORCHELASTIC_RESTART_COUNT == 0``). ``main`` is wrapped in torch's ``@record``, so the
-launcher's error file carries the traceback. ``--dump-params PATH`` makes every rank write
-``PATH.rank{RANK}`` (JSON: a SHA-256 of the flattened parameters, their sum, whether and from
-which step it resumed) so a test can check that all ranks ended identical.
+(``TORCHELASTIC_RESTART_COUNT == 0``); ``--crash-step S0,S1,...`` at step ``S<n>`` on attempt
+``n`` (the same step every time: a job that never gets past it). ``main`` is wrapped in
+torch's ``@record``, so the launcher's error file carries the traceback. ``--dump-params PATH``
+makes every rank write ``PATH.rank{RANK}`` (JSON: a SHA-256 of the flattened parameters,
+their sum, whether and from which step it resumed) so a test can check that all ranks ended identical.
 """
 
 from __future__ import annotations
@@ -59,12 +60,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep per step")
     p.add_argument("--crash-rank", type=int, default=None, metavar="R",
                    help="this rank raises at --crash-step, on the first attempt only")
-    p.add_argument("--crash-step", type=int, default=None, metavar="S")
+    p.add_argument("--crash-step", type=_steps, default=None, metavar="S[,S...]",
+                   help="the step of the crash; one step per attempt when several")
     p.add_argument("--plain-init", action="store_true",
                    help="plain init_process_group(), without the per-attempt store prefix")
     p.add_argument("--dump-params", default=None, metavar="PATH",
                    help="each rank writes a parameter checksum to PATH.rank{RANK} at the end")
     return p.parse_args(argv)
+
+
+def _steps(text: str) -> list[int]:
+    return [int(s) for s in text.split(",")]
 
 
 def env_int(name: str, default: int) -> int:
@@ -188,9 +194,12 @@ def main(argv: list[str] | None = None) -> None:
     x, y = x.to(device), y.to(device)
     loss_fn = nn.MSELoss()
     loss = torch.zeros(())
+    crash_at = (args.crash_step[restart_count]
+                if args.crash_step and restart_count < len(args.crash_step) else None)
     for step in range(start_step, args.steps):
-        if (restart_count == 0 and args.crash_rank == rank and args.crash_step == step):
-            raise InjectedCrash(f"injected crash: rank {rank} at step {step} (attempt 0)")
+        if args.crash_rank == rank and crash_at == step:
+            raise InjectedCrash(f"injected crash: rank {rank} at step {step} "
+                                f"(attempt {restart_count})")
         idx = batch_indices(step, rank, world_size, args.batch_size).to(device)
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(ddp(x[idx]), y[idx])

@@ -31,7 +31,9 @@ def record_xreads(client: JobClient) -> list[dict[str, Any]]:
 
     async def recording(streams: dict[str, str], count: int | None = None,
                         block: int | None = None) -> Any:
-        call: dict[str, Any] = {"count": count, "block": block, "streams": len(streams)}
+        # "entries" stays empty for a read cancelled in flight (the follow stopped during it).
+        call: dict[str, Any] = {"count": count, "block": block, "streams": len(streams),
+                                "entries": []}
         calls.append(call)
         reply = await xread(streams, count=count, block=block)
         call["entries"] = [len(entries) for _, entries in reply or ()]

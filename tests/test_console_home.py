@@ -221,7 +221,10 @@ def test_ctrl_s_saves_the_filtered_view_without_escapes(jobs, redis_url, tmp_pat
         shown = [log.render_line(y).text.rstrip()
                  for y in range(log.scrollable_content_region.height)]
         shown = [line for line in shown if line]
-        assert len(shown) == 3 and r"\x1b]0;pwned\x07title" in shown[0], shown
+        # The title's OSC shows as a visible escape, or is consumed as a terminal would when
+        # the same read holds the next line's cursor movement (agent/supervision/records/screen.py).
+        assert len(shown) == 3 and (r"] \x1b]0;pwned\x07title" in shown[0]
+                                    or shown[0].endswith("] title")), shown
         assert all(re.match(r"\d\d:\d\d:\d\d\.\d{3} \[ +0\] ", line) for line in shown), shown
         await pilot.press("ctrl+s")
         await wait_until_async(lambda: list(tmp_path.glob("*.log")), 10, "the saved file")

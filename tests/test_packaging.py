@@ -56,12 +56,13 @@ def test_the_wheel_installs_our_import_names_only(wheel: Path):
     top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
     assert top == {"elastic_agent", "elastic_console"}, top
     assert "elastic_console/tui/console.tcss" in names  # the stylesheet is package data
-    for sub in ("coordination", "supervision", "supervision/launch", "supervision/diagnosis",
-                "supervision/records", "supervision/hosting"):
+    for sub in ("coordination", "coordination/wire", "coordination/transport",
+                "coordination/rendezvous", "supervision", "supervision/launch",
+                "supervision/diagnosis", "supervision/records", "supervision/hosting"):
         assert f"elastic_agent/{sub}/__init__.py" in names
-    for sub in ("job", "tui", "tui/widgets"):
+    for sub in ("job", "commands", "tui", "tui/widgets"):
         assert f"elastic_console/{sub}/__init__.py" in names
-    assert "elastic_agent/coordination/protocol.py" in names
+    assert "elastic_agent/coordination/wire/protocol.py" in names
     assert "elastic_console/tui/widgets/log_view.py" in names
     assert "elastic-agent = elastic_agent.supervision.cli:main" in entry_points
     assert "elastic-console = elastic_console.cli:main" in entry_points

@@ -284,7 +284,7 @@ def test_redis_unreachable_longer_than_the_heartbeat_timeout_loses_nobody(
             srv.start()
         up_at = time.time()
         wait_until(lambda: ticking(job.ticks, r0, set(range(3 * NPROC)), since=up_at), 60,
-                   "every worker thawed")
+                   "every worker thawed", explain=job.dump)
         thawed = time.time() - up_at
         # Long enough for every agent to be back and to have judged the membership again.
         wait_until(lambda: ticking(job.ticks, r0, set(range(3 * NPROC)),

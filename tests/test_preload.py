@@ -11,6 +11,7 @@ the zygote, a DataLoader with workers and torch.multiprocessing.spawn inside a f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -31,6 +32,7 @@ from elastic_agent.supervision.launch.workers import WorkerGroup
 from elastic_agent.supervision.records.log_config import LogConfig, Std
 from elastic_agent.supervision.records.logs import NodeLogs
 from tests.agents import SCRIPTS, Agent, wait_until
+from tests.conftest import require
 from tests.test_process_tree import DEATH_BUDGET, describe, kill_all, start_tree, survivors
 from tests.waiting import wait_until_async
 
@@ -233,8 +235,17 @@ def test_preload_with_no_python_is_refused():
 def test_sigkilled_agent_takes_its_forked_workers_and_zygotes(redis_url, job_id, tmp_path):
     agent, reported, procs = start_tree(redis_url, job_id, tmp_path, "--preload", "json")
     try:
+        workers = {pids["worker"] for pids in reported.values()}
+
         def zygote_forks() -> list[psutil.Process]:
-            return [p for p in agent.descendants() if "zygote.py" in " ".join(p.cmdline())]
+            """The node's zygote and the processes it forked: the keepers and parked workers
+            (each titled ``elastic-agent ...``, see test_process_names.py) and the workers."""
+            forks = []
+            for p in agent.descendants():
+                with contextlib.suppress(psutil.Error, IndexError):
+                    if p.pid in workers or p.cmdline()[0].startswith("elastic-agent "):
+                        forks.append(p)
+            return forks
 
         # The next attempt's keeper, forked ahead with its workers parked: they die too.
         wait_until(lambda: len(zygote_forks()) == 3 + 2 * len(reported), 60,
@@ -243,9 +254,8 @@ def test_sigkilled_agent_takes_its_forked_workers_and_zygotes(redis_url, job_id,
         # The node's zygote (the agent's child), the keeper it forked for the attempt, and
         # the workers that keeper forked.
         (zygote,) = [z for z in forks if z.ppid() == agent.pid]
-        running = {pids["worker"] for pids in reported.values()}
         (keeper,) = [z for z in forks if z.ppid() == zygote.pid
-                     and running <= {c.pid for c in z.children()}]
+                     and workers <= {c.pid for c in z.children()}]
         (ahead,) = [z for z in forks if z.ppid() == zygote.pid and z != keeper]
         assert len([z for z in forks if z.ppid() == ahead.pid]) == len(reported), describe(forks)
         procs += [z for z in forks if z not in procs]
@@ -260,7 +270,7 @@ def test_sigkilled_agent_takes_its_forked_workers_and_zygotes(redis_url, job_id,
         agent.kill()
 
 def test_torch_gloo_crash_restart_through_the_zygote(redis_url, job_id, tmp_path):
-    pytest.importorskip("torch")
+    require("torch")
     args = ["--redis", redis_url, "--job-id", job_id, "--local-addr", "127.0.0.1",
             "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "1",
             "--preload", "torch", str(PRELOAD / "gloo_crash.py")]
@@ -312,12 +322,11 @@ def test_restart_command_restarts_through_the_zygote(redis_url, r, job_id, tmp_p
 
 # -- --preload auto, the default (issue 23) ---------------------------------------------------
 
-#: A worker that says whether it was forked: a forked one runs in the zygote's process image,
-#: whose command line is the zygote's own (no ``--worker``, the exec path's bootstrap flag).
+#: A worker that says whether it was forked: a forked one inherits the objects the zygote
+#: froze before forking (its command line is the script's either way: test_process_names.py).
 WHICH = """
-import os
-with open("/proc/self/cmdline", "rb") as f:
-    print("forked" if b"--worker" not in f.read() else "exec", flush=True)
+import gc, os
+print("forked" if gc.get_freeze_count() else "exec", flush=True)
 """
 
 

@@ -39,7 +39,7 @@ from elastic_agent.supervision.records.log_config import LogConfig, Std
 from elastic_agent.supervision.records.log_shipping import LIVE_DELAY, LIVE_INTERVAL
 from elastic_agent.supervision.records.logs import NodeLogs
 from elastic_agent.supervision.records.publisher import StreamPublisher
-from elastic_console.job.inplace import InPlaceRows
+from elastic_console.job.inplace import MAX_ROWS, InPlaceRows
 from elastic_console.job.logbuffer import LogBuffer, LogLine
 from elastic_console.job.state import JobView
 from tests.agents import SCRIPTS, Agent, wait_until
@@ -287,8 +287,11 @@ def test_jobview_keeps_a_redrawn_line_in_one_row_of_its_rank_and_of_all_ranks():
 def test_jobview_in_place_rows_are_bounded_and_follow_only_numbered_batches():
     rows: InPlaceRows[int] = InPlaceRows(limit=100)
     for i in range(1000):
-        rows.hold(LogBatch(f"n{i}", 0, 0, 0, OUT, 1, ["x"], live=True), i)
+        rows.hold(LogBatch(f"n{i}", 0, 0, 0, OUT, 1, ["x"], live=1), [i])
     assert len(rows) <= 100
+    rows.hold(LogBatch("big", 0, 0, 0, OUT, 1, ["x"], live=1), list(range(10_000)))
+    held = rows.take(LogBatch("big", 0, 0, 0, OUT, 2, ["y"]))
+    assert held is not None and len(held) == MAX_ROWS  # one stream's block is bounded too
     v = JobView("j")
     v.apply_logs(batch(0, ["a"], live=True))  # no seq: nothing can follow it
     v.apply_logs(batch(1, ["b"], live=True))

@@ -40,6 +40,7 @@ from elastic_agent.supervision.launch.workers import WorkerGroup
 from elastic_agent.supervision.records.log_config import LogConfig, Std
 from elastic_agent.supervision.records.logs import NodeLogs
 from tests.agents import EXAMPLES, SCRIPTS, Agent, wait_until
+from tests.conftest import require
 from tests.test_agent import of_type
 from tests.test_console_cli import console
 from tests.waiting import wait_until_async
@@ -137,7 +138,7 @@ def test_no_python_and_exec_are_not_signalled(tmp_path):
 def hung_job(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """examples/hang.py, 8 ranks as 2 agents x 4, rank 3 stalled; every other rank inside
     ``all_reduce``. Yields the job id."""
-    pytest.importorskip("torch")
+    require("torch")
     tmp = tmp_path_factory.mktemp("hang")
     job = f"hang-{os.getpid()}-{int(time.time())}"
     args = ["--redis", redis_url, "--job-id", job, "--local-addr", "127.0.0.1",
@@ -149,7 +150,8 @@ def hung_job(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         def hung() -> bool:
             out = "".join(a.output for a in agents)
             return out.count("waiting in all_reduce") >= 7 and "rank 3: stalling" in out
-        wait_until(hung, 120, "the hang")
+        wait_until(hung, 120, "the hang",
+                   explain=lambda: "\n".join(f"--- {a.out_path.name}:\n{a.output[-3000:]}" for a in agents))
         yield job
     finally:
         for a in agents:

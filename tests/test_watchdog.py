@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import stat
 import subprocess
@@ -31,6 +30,7 @@ from elastic_agent.supervision.diagnosis.watchdog import (
 from elastic_agent.supervision.launch.exits import WorkerInfo
 from elastic_console.job.state import JobView
 from tests.agents import Agent, wait_until
+from tests.conftest import require_program
 from tests.test_agent import agent_args, events, of_type
 from tests.waiting import wait_until_async
 
@@ -311,8 +311,8 @@ def test_another_users_fifo_is_refused_in_one_line(redis_url, job_id, tmp_path: 
                                                   privileged: bool):
     """Unprivileged, it could not be removed (a raw PermissionError once stopped the agent);
     as root it would have been deleted and replaced. Either way: one line, nothing touched."""
-    if not privileged and shutil.which("setpriv") is None:
-        pytest.skip("setpriv (util-linux) is needed to drop the capabilities")
+    if not privileged:
+        require_program("setpriv")  # util-linux: drops the capabilities
     fifo = foreign_fifo(tmp_path)
     before = os.lstat(fifo)
     env = {"TORCHELASTIC_ENABLE_FILE_TIMER": "1", "TORCHELASTIC_TIMER_FILE": str(fifo)}

@@ -27,6 +27,7 @@ from elastic_agent.supervision.launch.worker_env import (
 )
 from elastic_agent.supervision.launch.workers import WorkerGroup
 from elastic_agent.supervision.records.logs import NodeLogs
+from tests.conftest import require
 from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.asyncio
@@ -95,7 +96,7 @@ class Group:
 
 async def test_worker_env_is_torchruns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Compare with the env torch's own LocalElasticAgent builds for the same placement."""
-    lea = pytest.importorskip("torch.distributed.elastic.agent.server.local_elastic_agent")
+    lea = require("torch.distributed.elastic.agent.server.local_elastic_agent")
     from torch.distributed.elastic.agent.server import api as tapi
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 

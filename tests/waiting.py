@@ -14,15 +14,18 @@ from typing import Any
 import redis
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Return the predicate's first truthy value; fail after ``timeout`` seconds."""
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition",
+               explain: Callable[[], str] | None = None) -> Any:
+    """Return the predicate's first truthy value; fail after ``timeout`` seconds, with what
+    ``explain`` returns then (the processes' output: a failure in CI is all one gets)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         result = predicate()
         if result:
             return result
         time.sleep(0.005)
-    raise AssertionError(f"{what} not reached within {timeout:g} s")
+    detail = f":\n{explain()}" if explain is not None else ""
+    raise AssertionError(f"{what} not reached within {timeout:g} s{detail}")
 
 
 async def wait_until_async(predicate: Callable[[], Any], timeout: float = 10.0,

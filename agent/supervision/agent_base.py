@@ -39,6 +39,8 @@ from ..coordination.wire.keyspace import JobKeys
 from ..coordination.wire.text import terminal_line
 from .config import AgentConfig
 from .diagnosis import recorder
+from .diagnosis.metrics import MetricsTracker
+from .diagnosis.metrics_publish import MetricsPublisher
 from .diagnosis.pattern_watch import PatternWatch
 from .diagnosis.restart_patterns import Patterns
 from .diagnosis.stacks import StackCollector
@@ -77,6 +79,7 @@ class Outcome(enum.Enum):
     CLOSED = "closed"  # the job ended elsewhere (failed or stopped)
     SIGNAL = "signal"  # the agent itself was signalled
     STALLED = "stalled"  # no rank progressed for --stall-timeout, --on-stall restart|stop
+    NAN = "nan"  # a rank printed a NaN or infinite metric, --on-nan stop
 
 
 @dataclass
@@ -116,6 +119,8 @@ class AgentBase:
     _collectives_limit: RateLimit
     stragglers: StragglerWatch | None
     sampler: ResourceSampler
+    metrics: MetricsTracker
+    metrics_pub: MetricsPublisher
     records: JobRecords
     retention: JobRetention
     fence: Fence
@@ -170,10 +175,13 @@ class AgentBase:
                 delay = min(delay * 2, 1.0)
 
     async def _claim(self, field: str) -> bool:
-        """True for exactly one agent of the job per ``field``: the one that reports it."""
+        """True for exactly one agent of the job per ``field``: the one that reports it. The
+        field holds the claimer's node id (who decided what follows, for the others to check:
+        diagnosis/pattern_watch.py)."""
         won = bool(await self._redis("claiming " + field, lambda: self._client.hsetnx(
-            self.keys.meta, field, 1)))
-        self.records.note_meta({field: 1})  # claimed, by us or another: never twice
+            self.keys.meta, field, self.node_id)))
+        # claimed, by us or another: never twice
+        self.records.note_meta({field: self.node_id if won else 1})
         return won
 
     async def _claim_final(self, state: str) -> bool:

@@ -22,7 +22,8 @@ import redis
 
 from ..coordination.rendezvous.types import RendezvousConnectionError, RendezvousError
 from ..coordination.transport.connection import RedisUnavailableError, connect, make_client
-from ..coordination.transport.endpoints import argv_without_passwords, parse_endpoint, redact
+from ..coordination.transport.endpoints import Endpoint, argv_without_passwords, parse_endpoint, redact
+from ..coordination.transport.job_secret import JOB_SECRET_ENV
 from ..coordination.wire.event_records import EventType, encode_event
 from ..coordination.wire.keyspace import EVENTS_MAXLEN, JobKeys
 from ..coordination.wire.protocol import ProtocolError
@@ -93,6 +94,9 @@ def _main(argv: list[str]) -> int:
     try:
         cfg = parse_args(argv)
         linger = _linger_seconds(os.environ.get(LINGER_ENV))
+        # Read (config.py) and never needed again: no child of the agent inherits it, not
+        # only the workers (worker_env.py), but the zygote, redis-server, py-spy...
+        os.environ.pop(JOB_SECRET_ENV, None)
     except UsageError as exc:
         return _fail(str(exc), 2)
     server: RedisServer | None = None
@@ -116,7 +120,7 @@ def _main(argv: list[str]) -> int:
         if server is not None and nodes:
             if cfg.slurm_redis:
                 slurm_redis.wait_for_peers_to_leave(server, cfg.job_id)
-            _linger_for_consoles(server, cfg.job_id, nodes[0], linger)
+            _linger_for_consoles(server, cfg.endpoint, cfg.job_id, nodes[0], linger)
         return code
     finally:
         if server is not None:
@@ -127,18 +131,26 @@ def _main(argv: list[str]) -> int:
 
 def _slurm_endpoint(cfg: AgentConfig) -> tuple[AgentConfig, RedisServer | None]:
     """Under srun with no Redis given: host the job's on the step's first node, or wait
-    for it on the others (slurm_redis.py). Raises RuntimeError saying what to do."""
-    step = cfg.slurm
-    assert step is not None
-    addr, port = slurm_redis.endpoint(step, os.environ)
-    url = f"redis://[{addr}]:{port}" if ":" in addr else f"redis://{addr}:{port}"
+    for it on the others (slurm_redis.py). The agents use its ``agent`` user, the workers
+    its ``worker`` user. Raises RuntimeError saying what to do."""
+    step, secret = cfg.slurm, cfg.job_secret
+    assert step is not None and secret is not None
+    # A secret of this node's own (a one-node step without one): nobody else can log in,
+    # so nobody else needs to reach the server either.
+    local = secret.generated
+    addr, port = slurm_redis.endpoint(step, os.environ, loopback=local)
     server = None
-    if step.is_first_node:
-        server = slurm_redis.host(step, addr, port)
-        slurm_redis.announce(step, cfg.job_id, url)
+    if step.is_first_node or local:
+        server = slurm_redis.host(step, addr, port, secret, cfg.job_id)
+        addr = server.host  # the address it bound (NodeAddr resolved)
+        slurm_redis.announce(step, cfg.job_id, server, shared=not local)
     else:
-        slurm_redis.wait_for(url, str(step.first_node))
-    return dataclasses.replace(cfg, endpoint=parse_endpoint(url)), server
+        slurm_redis.wait_for(slurm_redis.agent_url(addr, port, secret, cfg.job_id),
+                             str(step.first_node), cfg.job_id, secret)
+    return dataclasses.replace(
+        cfg, endpoint=parse_endpoint(slurm_redis.agent_url(addr, port, secret, cfg.job_id)),
+        worker_endpoint=parse_endpoint(slurm_redis.worker_url(addr, port, secret, cfg.job_id)),
+    ), server
 
 
 def _linger_seconds(value: str | None) -> float:
@@ -154,14 +166,19 @@ def _linger_seconds(value: str | None) -> float:
     return seconds
 
 
-def _linger_for_consoles(server: RedisServer, job_id: str, node: str, linger: float) -> None:
+def _linger_for_consoles(server: RedisServer, endpoint: Endpoint, job_id: str, node: str,
+                         linger: float) -> None:
     """After the job ended, before the embedded Redis stops with this agent: a console still
     attached is told how the job ended and that its Redis stops (a ``redis_stopping`` event),
     and keeps the server up to ``linger`` seconds, or until it detaches. Without this it
-    would only see a lost connection, indistinguishable from an outage."""
+    would only see a lost connection, indistinguishable from an outage. The job's records
+    through ``endpoint`` (the agent's); the consoles counted through the server's admin
+    (its owner, under SLURM: the agents' user may not list clients)."""
     if linger <= 0:
         return
-    client = make_client(server.url, retries=0)
+    client = make_client(endpoint, retries=0)
+    admin = client if server.admin_url == endpoint.url else make_client(server.admin_url,
+                                                                        retries=0)
 
     def stop_lingering(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt  # a second request to stop the agent ends the wait at once
@@ -170,7 +187,7 @@ def _linger_for_consoles(server: RedisServer, job_id: str, node: str, linger: fl
     try:
         keys = JobKeys(job_id)
         final = client.hget(keys.meta, "final_state")
-        if final is None or not _still_watched(client, job_id):
+        if final is None or not _still_watched(admin, job_id):
             return  # the job did not end (the agent was signalled), or nobody watches
         client.xadd(keys.events, encode_event(EventType.REDIS_STOPPING, node, {
             "final_state": final.decode(errors="replace"), "linger_s": linger}),
@@ -178,13 +195,14 @@ def _linger_for_consoles(server: RedisServer, job_id: str, node: str, linger: fl
         print(f"[elastic-agent] a console is attached: the embedded Redis stops when it "
               f"detaches, in {linger:g} s at the latest", file=sys.stderr, flush=True)
         deadline = time.monotonic() + linger
-        while time.monotonic() < deadline and attached_consoles(client, job_id):
+        while time.monotonic() < deadline and attached_consoles(admin, job_id):
             time.sleep(_LINGER_POLL_S)
     except (redis.RedisError, OSError, KeyboardInterrupt):
         pass  # the server stops next whatever happened here
     finally:
         signal.signal(signal.SIGTERM, previous)
         client.close()
+        admin.close()
 
 
 def _still_watched(client: redis.Redis, job_id: str, checks: int = 3,

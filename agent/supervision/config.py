@@ -26,14 +26,18 @@ from ..coordination.transport.endpoints import (
     parse_endpoint,
     with_outside_password,
 )
+from ..coordination.transport.job_secret import JobSecret
 from ..coordination.wire.keyspace import InvalidJobIdError, validate_job_id
+from ..coordination.wire.protocol import MAX_RECORD_LIST
 from .diagnosis import restart_patterns
 from .diagnosis.recorder import DEFAULT_ENTRIES as DEFAULT_FLIGHT_RECORDER
 from .diagnosis.recorder import DEFAULT_STRAGGLER_INTERVAL
 from .diagnosis.restart_patterns import PatternSettings
 from .diagnosis.stacks import parse_stack_signal
 from .hosting.slurm import SlurmEnvError, SlurmStep, check_one_task_per_node, gpus_per_node, read_step
+from .hosting.slurm_redis import job_secret as slurm_job_secret
 from .launch.probes import DEFAULT_SIGNAL as DEFAULT_STACK_SIGNAL
+from .launch.worker_env import WORKER_URL_ENV
 from .records.log_config import parse_local_ranks_filter, parse_std_spec
 from .records.retention import DEFAULT_RETENTION_S, parse_duration
 
@@ -102,6 +106,9 @@ class AgentConfig:
     stall_timeout: float = 300.0
     #: --on-stall: observe (report it), restart (the worker group, spending a restart) or stop.
     on_stall: str = "observe"
+    #: --on-nan: observe (the `nan` event only) or stop (the job fails at a rank's first NaN
+    #: or infinite metric; diagnosis/metrics_publish.py).
+    on_nan: str = "observe"
     #: --restart-storm, --suspect-rounds, --no-progress-rounds, --exclude-suspect-nodes...
     patterns: PatternSettings = field(default_factory=PatternSettings)
     #: The srun step this agent is a task of (slurm.py), None outside SLURM: its SIGTERM and
@@ -109,6 +116,14 @@ class AgentConfig:
     slurm: SlurmStep | None = None
     #: No Redis was given under SLURM: the step's first node hosts one (cli.py).
     slurm_redis: bool = False
+    #: With ``slurm_redis``: the job's secret ($ELASTIC_JOB_SECRET, or this one-node step's
+    #: own), from which that server's passwords derive (hosting/slurm_redis.py).
+    job_secret: JobSecret | None = None
+    #: $ELASTIC_WORKER_REDIS_URL: the workers' own credentials (None: they get none).
+    worker_endpoint: Endpoint | None = None
+    #: --worker-tty: auto (each worker stream a terminal when the agent's stdout is one, as
+    #: torchrun's workers then write to it), on or off (pipes). Resolved at start (launch/ptys.py).
+    worker_tty: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -208,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
       "per local rank 0:1,1:2")
     a("-t", "--tee", default="0",
       help="send these streams to log files and to the terminal (same syntax as --redirects)")
+    a(*_both("worker-tty"), dest="worker_tty", default="auto", choices=("auto", "on", "off"),
+      help="give each worker's stdout and stderr a terminal of its own (a pty: progress bars "
+      "are drawn live, as under torchrun in a terminal): auto (the default) when the agent's "
+      "own stdout is a terminal, on, or off (pipes)")
     a(*_both("local-ranks-filter"), dest="local_ranks_filter", default="",
       help="only these local ranks show on the terminal, e.g. 0,3")
     a(*_both("log-line-prefix-template"), dest="log_line_prefix_template", default=None,
@@ -273,19 +292,38 @@ def build_parser() -> argparse.ArgumentParser:
       choices=("observe", "restart", "stop"),
       help="what a stall does besides the event: observe (nothing, the default), restart "
       "(the worker group, counted against --max-restarts) or stop (the job fails)")
+    a(*_both("on-nan"), dest="on_nan", default="observe", choices=("observe", "stop"),
+      help="what a metric a worker prints as NaN or infinite (its loss, say; docs/METRICS.md) "
+      "does besides the `nan` event naming the rank and step: observe (nothing, the default) "
+      "or stop (the job fails, as --on-stall stop)")
     restart_patterns.add_arguments(a)
     a("training_script", nargs="?", help="the worker script (or module, or executable)")
     a("training_script_args", nargs=argparse.REMAINDER)
     return p
 
 
-def _number(value: str, flag: str, kind: type = int, minimum: float = 0) -> float:
+#: The largest value of a numeric flag unless it states its own: seconds (timeouts and
+#: intervals) up to a week, counts up to a billion. NaN, the infinities and 1e308 seconds
+#: pass a "not below the minimum" check and then overflow (or never end) deep in a timer.
+SECONDS_MAX = 7 * 86_400
+COUNT_MAX = 1_000_000_000
+
+
+def _number(value: str, flag: str, kind: type = int, minimum: float = 0,
+            maximum: float | None = None) -> float:
+    """Every numeric flag's one check: a finite ``kind`` from ``minimum`` to ``maximum``."""
+    top = maximum if maximum is not None else COUNT_MAX if kind is int else SECONDS_MAX
+    what = (f"{'a whole number' if kind is int else 'a number of seconds'} from {minimum:g} "
+            f"to {int(top):,}")
+    shown = value if len(value) <= 40 else value[:40] + "..."
     try:
         n = kind(value)
-    except ValueError:
-        raise UsageError(f"{flag} {value!r} is not a {'whole ' if kind is int else ''}number") from None
+    except ValueError:  # also an int of thousands of digits
+        raise UsageError(f"{flag} {shown!r} is not {what}") from None
     if n < minimum:
-        raise UsageError(f"{flag} must be at least {minimum:g}, not {value}")
+        raise UsageError(f"{flag} must be at least {minimum:g}, not {shown}")
+    if not n <= top:  # NaN fails it too
+        raise UsageError(f"{flag} {shown!r} is not {what}")
     return n
 
 
@@ -294,8 +332,8 @@ def parse_nnodes(value: str) -> tuple[int, int]:
     if len(parts) not in (1, 2) or not all(x.strip().isdigit() for x in parts):
         raise UsageError(f"--nnodes {value!r} is not N or MIN:MAX (e.g. 2 or 2:4)")
     lo, hi = int(parts[0]), int(parts[-1])
-    if lo < 1 or hi < lo:
-        raise UsageError(f"--nnodes {value!r}: need 1 <= MIN <= MAX")
+    if lo < 1 or hi < lo or hi > MAX_RECORD_LIST:
+        raise UsageError(f"--nnodes {value!r}: need 1 <= MIN <= MAX <= {MAX_RECORD_LIST}")
     return lo, hi
 
 
@@ -309,7 +347,7 @@ def _usable_cpus() -> int:
 
 
 def parse_nproc(value: str) -> int:
-    if value.isdigit() and int(value) > 0:
+    if value.isdigit() and 0 < int(value) <= MAX_RECORD_LIST:  # records list at most that many
         return int(value)
     if value == "cpu":
         return _usable_cpus()
@@ -322,7 +360,8 @@ def parse_nproc(value: str) -> int:
         if value == "gpu":
             raise UsageError("--nproc-per-node gpu: no CUDA device is visible on this host")
         return _usable_cpus()
-    raise UsageError(f"--nproc-per-node {value!r} is not a positive number, auto, cpu or gpu")
+    raise UsageError(f"--nproc-per-node {value[:40]!r} is not a positive number, auto, cpu or "
+                     f"gpu (a number: at most {MAX_RECORD_LIST})")
 
 
 _RDZV_KEYS = ("join_timeout", "last_call_timeout", "heartbeat_timeout", "keep_alive_interval")
@@ -579,6 +618,11 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
             ns.redis_password_file, env)
     except EndpointError as exc:
         raise UsageError(f"--redis: {exc}") from None
+    try:
+        worker_endpoint = (parse_endpoint(env[WORKER_URL_ENV])
+                           if env.get(WORKER_URL_ENV, "").strip() else None)
+    except EndpointError as exc:
+        raise UsageError(f"${WORKER_URL_ENV}: {exc}") from None
     job_id = ns.job_id or ns.rdzv_id or env.get("ELASTIC_JOB_ID")
     if job_id in (None, "", "none") and slurm is not None:
         job_id = slurm.elastic_job_id
@@ -607,6 +651,7 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
         raise UsageError(f"--rdzv-conf: {exc}") from None
     cfg = AgentConfig(
         endpoint=endpoint,
+        worker_endpoint=worker_endpoint,
         job_id=job_id,
         job_id_generated=generated,
         rendezvous=settings,
@@ -636,8 +681,9 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
             ("out", ns.duplicate_stdout_filters), ("err", ns.duplicate_stderr_filters))
             if needles is not None},
         health_check_port=None if ns.health_check_port is None else int(
-            _number(ns.health_check_port, "--health-check-port")),
+            _number(ns.health_check_port, "--health-check-port", int, 0, 65_535)),
         health_check_host=ns.health_check_host,  # checked when it binds (HealthServer.start)
+        worker_tty=ns.worker_tty,
     )
     preload, preload_auto = parse_preload(ns)
     cfg = replace(cfg, preload=preload, preload_auto=preload_auto)
@@ -658,11 +704,17 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
         raise UsageError(f"--straggler-interval {ns.straggler_interval!r}: 0 (off) or 0.5 to "
                          "86400 seconds")
     cfg = replace(cfg, flight_recorder=entries, straggler_interval=interval)
-    stall_timeout = float(_number(ns.stall_timeout, "--stall-timeout", float))
+    stall_timeout = float(_number(ns.stall_timeout, "--stall-timeout", float, 0, 1e9))
     if not 0 <= stall_timeout <= 1e9:  # (NaN and infinity fail this too)
         raise UsageError(f"--stall-timeout {ns.stall_timeout!r} is not a number of seconds")
-    cfg = replace(cfg, stall_timeout=stall_timeout, on_stall=ns.on_stall, slurm=slurm,
+    cfg = replace(cfg, stall_timeout=stall_timeout, on_stall=ns.on_stall, on_nan=ns.on_nan,
+                  slurm=slurm,
                   slurm_redis=slurm is not None and not redis_given and not ns.standalone)
+    if cfg.slurm_redis and slurm is not None:  # checked before anything starts: exit 2
+        try:
+            cfg = replace(cfg, job_secret=slurm_job_secret(slurm, env))
+        except SlurmEnvError as exc:
+            raise UsageError(str(exc)) from None
     try:
         cfg = replace(cfg, patterns=restart_patterns.settings_from(ns))
     except ValueError as exc:

@@ -59,8 +59,10 @@ from .agent_base import EXIT_STOPPED, NEWER_ROUND, Outcome, Round
 from .command_handling import CommandHandling
 from .config import AgentConfig
 from .diagnosis import recorder
+from .diagnosis.metrics import MetricsTracker
+from .diagnosis.metrics_publish import MetricsPublisher
 from .diagnosis.pattern_watch import PatternWatch
-from .diagnosis.restart_patterns import DO_NOT_REQUEUE, Patterns
+from .diagnosis.restart_patterns import DO_NOT_REQUEUE, Decision, Patterns
 from .diagnosis.stacks import StackCollector
 from .diagnosis.stall import Stall, StallWatch
 from .diagnosis.stragglers import StragglerWatch
@@ -70,8 +72,9 @@ from .fence import Fence
 from .health import HealthCheck
 from .hosting import scheduler
 from .job_end import JobEnd
+from .launch import ptys
 from .launch.exits import GroupResult, WorkerExit, WorkerStartError, WorkerState
-from .launch.worker_env import RankAssignment, WorkerSpec
+from .launch.worker_env import RankAssignment, WorkerSpec, worker_redis_url
 from .launch.workers import WorkerGroup
 from .membership import Membership
 from .records.commands import stacks_limit
@@ -136,16 +139,23 @@ class ElasticAgent(CommandHandling, JobEnd, RestartPath, Membership):
         OOM.count_dropped(lambda: self.publisher.stats().dropped_weight)
         self.events = EventSink(self.publisher, config.job_id, self.node_id,
                                 echo=sys.stderr if config.event_log_handler == "console" else None)
+        #: Training metrics read from the workers' output (diagnosis/metrics.py), published
+        #: with the resource samples (diagnosis/metrics_publish.py).
+        self.metrics = MetricsTracker()
+        self.metrics_pub = MetricsPublisher(self.metrics, config.job_id, self.node_id,
+                                            self.events.emit, config.on_nan, self.host)
         self.node_logs = NodeLogs(
             LogConfig(redirects=parse_std_spec(config.redirects), tee=parse_std_spec(config.tee),
                       local_ranks_filter=config.local_ranks_filter,
                       log_line_prefix_template=config.log_line_prefix_template,
                       maxlen=config.log_retention, duplicate_filters=config.duplicate_filters),
-            publisher=self.publisher, job_id=config.job_id, node_id=self.node_id)
+            publisher=self.publisher, job_id=config.job_id, node_id=self.node_id,
+            observer=self.metrics)
         self.group = WorkerGroup(
             WorkerSpec(role=config.role, nproc=config.nproc, entrypoint=config.entrypoint,
                        max_restarts=config.max_restarts, run_id=config.job_id,
-                       redis_url=config.endpoint.url, job_id=config.job_id,
+                       redis_url=worker_redis_url(config.endpoint, config.worker_endpoint),
+                       job_id=config.job_id,
                        log_dir=config.log_dir, shutdown_timeout=config.shutdown_timeout,
                        extra_env={**recorder.worker_env(config.flight_recorder, os.environ),
                                   **config.extra_env},
@@ -154,6 +164,7 @@ class ElasticAgent(CommandHandling, JobEnd, RestartPath, Membership):
                        preload_auto=config.preload_auto,
                        stack_signal=config.stack_signal,
                        flight_recorder=config.flight_recorder,
+                       worker_tty=ptys.window_for(config.worker_tty),
                        logs_specs=_logs_specs_plugin(config),
                        signals_to_handle=",".join(signal.Signals(n).name
                                                   for n in config.signals_to_handle)),
@@ -172,7 +183,8 @@ class ElasticAgent(CommandHandling, JobEnd, RestartPath, Membership):
             self._client, config.job_id, config.straggler_interval, self.events.emit,
         ) if config.straggler_interval > 0 and config.flight_recorder > 0 else None
         self._evidence: dict[str, Any] | None = None
-        self.sampler = ResourceSampler(self._client, config.job_id, self.node_id)
+        self.sampler = ResourceSampler(self._client, config.job_id, self.node_id,
+                                       rider=self.metrics_pub)
         self.records = JobRecords(self._client, config.job_id, self.node_logs.stream_key)
         self.retention = JobRetention(self._client, config.job_id, self.node_id,
                                       config.retention_s)
@@ -224,6 +236,8 @@ class ElasticAgent(CommandHandling, JobEnd, RestartPath, Membership):
                 t.cancel()
             await self.group.stop()
             await self.group.close()
+            with contextlib.suppress(Exception):  # the last points and curves, if Redis is there
+                await asyncio.wait_for(self.sampler.final(), 2.0)
             self.watchdog.close()
             self.health.stop()
             with contextlib.suppress(Exception):
@@ -252,8 +266,12 @@ class ElasticAgent(CommandHandling, JobEnd, RestartPath, Membership):
         self.events.emit(EventType.NODE_JOINED, host=self.host, addr=self.rdzv.local_addr,
                          pid=os.getpid(), nproc=self.cfg.nproc)
         while True:
-            if await self.patterns.excluded():
-                return self._leave_excluded()
+            left_out = await self.patterns.excluded(
+                self._round.result.round if self._round is not None else None,
+                self._round.result.group_world_size if self._round is not None else 0,
+                self.cfg.rendezvous.min_nodes)
+            if left_out is not None:
+                return self._leave_excluded(left_out)
             result = await self._race(asyncio.to_thread(self._rendezvous), during_rendezvous=True)
             if isinstance(result, Outcome):
                 return await self._finish_without_workers(result)
@@ -267,14 +285,16 @@ class ElasticAgent(CommandHandling, JobEnd, RestartPath, Membership):
                 return code
             self._mark("reported")
 
-    def _leave_excluded(self) -> int:
-        """--exclude-suspect-nodes named this node: it joins no further round (the others
-        re-form without it when the rendezvous sees it leave, in ``run``'s cleanup)."""
+    def _leave_excluded(self, decision: Decision) -> int:
+        """--exclude-suspect-nodes named this node (a decision checked by pattern_watch.py):
+        it joins no further round (the others re-form without it when the rendezvous sees
+        it leave, in ``run``'s cleanup)."""
         why = ("this node was in every failure of the job's last restarts (a suspect node) "
                "and --exclude-suspect-nodes leaves it out")
-        self.say(f"leaving job {self.cfg.job_id}: {why}; exit status {DO_NOT_REQUEUE} "
-                 "(do not requeue)")
-        self.events.emit(EventType.NODE_EXCLUDED, host=self.host, reason=why)
+        self.say(f"leaving job {self.cfg.job_id}: {why} (decided by {decision.by} after round "
+                 f"{decision.round}); exit status {DO_NOT_REQUEUE} (do not requeue)")
+        self.events.emit(EventType.NODE_EXCLUDED, host=self.host, reason=why,
+                         round=decision.round, decided_by=decision.by)
         return DO_NOT_REQUEUE
 
     async def _warn_eviction_policy(self) -> None:
@@ -359,6 +379,7 @@ class ElasticAgent(CommandHandling, JobEnd, RestartPath, Membership):
                 self.records.created_ms = int(created)
                 self.records.note_meta({"created_ms": int(created)})
         self._announce_round()
+        self.metrics_pub.start_attempt(self._attempt, holds_rank0=base == 0)
         self.say(f"round {result.round} complete: group rank {result.group_rank} of "
                  f"{result.group_world_size}, global ranks {base}..{base + self.cfg.nproc - 1} "
                  f"of {world}; restarts used {restarts}/{self.cfg.max_restarts}")
@@ -411,10 +432,12 @@ class ElasticAgent(CommandHandling, JobEnd, RestartPath, Membership):
         fence = asyncio.ensure_future(self.fence.watch(self._round.result.group_world_size))
         stalled = asyncio.ensure_future(self._watch_stall())
         slow = asyncio.ensure_future(self._watch_stragglers())
+        # --on-nan stop: completes at a rank's first NaN metric (metrics_publish.py)
+        nan = self.metrics_pub.stop or asyncio.get_running_loop().create_future()
         try:
             while True:
                 action = asyncio.ensure_future(self._actions.get())
-                done, _ = await asyncio.wait({group, watch, action, self._signal, stalled},
+                done, _ = await asyncio.wait({group, watch, action, self._signal, stalled, nan},
                                              return_when=asyncio.FIRST_COMPLETED)
                 if action in done:
                     cmd = action.result()
@@ -436,6 +459,8 @@ class ElasticAgent(CommandHandling, JobEnd, RestartPath, Membership):
                     return Outcome.FAILED, res
                 if stalled in done:
                     return Outcome.STALLED, stalled.result()
+                if nan in done:
+                    return Outcome.NAN, nan.result()
                 return watch.result()
         finally:
             for t in (group, watch, fence, stalled, slow):
@@ -454,8 +479,9 @@ class ElasticAgent(CommandHandling, JobEnd, RestartPath, Membership):
         if self.stragglers is None or self._round is None:
             return
         r = self._round.result
-        await self.stragglers.watch(r.round, r.group_rank, lambda: recorder.ask_all(
-            self.group.recorder_targets(), "sample"))
+        await self.stragglers.watch(r.round, r.group_rank, self._round.world_size,
+                                    lambda: recorder.ask_all(self.group.recorder_targets(),
+                                                             "sample"))
 
     def _restart_still_due(self, cmd: Command) -> bool:
         # A restart issued before the current round formed has been done already (another
@@ -472,6 +498,8 @@ class ElasticAgent(CommandHandling, JobEnd, RestartPath, Membership):
             return await self._leave_on_signal(int(detail))
         if outcome == Outcome.STALLED:
             return await self._on_stall(detail)
+        if outcome == Outcome.NAN:
+            return await self._on_nan(detail)
         await self._stop_workers(outcome.value)
         if outcome == Outcome.FAILED:
             return await self._on_failure(detail)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 import redis
@@ -27,10 +28,11 @@ from .failures import failure_dict, traceback_of
 from .launch.exits import GroupResult
 from .records import pages
 
-# Claims the restart of one failed round, once across the job, and counts it.
-# KEYS: restarts, meta. ARGV: round. Returns {claimed (0/1), restarts used}.
+# Claims the restart of one failed round, once across the job, and counts it. The claim holds
+# the claimer's node id: what it then decides (pattern_watch.py) is checked against it.
+# KEYS: restarts, meta. ARGV: round, restarts seen, node id. Returns {claimed (0/1), used}.
 _CLAIM_RESTART = """
-if redis.call('HSETNX', KEYS[2], 'restart_claim:' .. ARGV[1], 1) == 0 then
+if redis.call('HSETNX', KEYS[2], 'restart_claim:' .. ARGV[1], ARGV[3]) == 0 then
   return {0, redis.call('GET', KEYS[1]) or '0'}
 end
 -- A counter lost with its Redis starts again from the highest count this agent saw.
@@ -56,7 +58,8 @@ class RestartPath(AgentBase):
         grace = int(2 * self.stall.interval * 1000) if self.stall is not None else None
         record = self.patterns.record(
             r.result.round, reason, nodes, started_ms=r.started_ms, progress_grace_ms=grace,
-            group_world_size=r.result.group_world_size, min_nodes=self.cfg.rendezvous.min_nodes)
+            group_world_size=r.result.group_world_size, min_nodes=self.cfg.rendezvous.min_nodes,
+            steps=self.metrics_pub.steps_reached())
         if final or p.on_storm == "stop" or p.exclude_suspects:
             return await record
         task = asyncio.create_task(record, name="restart-patterns")
@@ -99,14 +102,14 @@ class RestartPath(AgentBase):
         try:
             claimed, used = await self._redis("counting the restart", lambda: self._client.eval(
                 _CLAIM_RESTART, 2, self.keys.restarts, self.keys.meta, rnd,
-                self.records.restarts_seen))
+                self.records.restarts_seen, self.node_id))
         except redis.ResponseError as exc:  # INCR of a counter that is not a number
             raise protocol.ProtocolError(
                 f"{self.keys.restarts} cannot count restarts ({exc}): repair or delete that key"
             ) from None
         used = protocol.decode_counter(used, self.keys.restarts)
         self.records.note_restarts(used)
-        self.records.note_meta({f"restart_claim:{rnd}": 1})
+        self.records.note_meta({f"restart_claim:{rnd}": self.node_id if claimed else 1})
         self._restarts_used = used
         return bool(claimed), used
 
@@ -137,6 +140,23 @@ class RestartPath(AgentBase):
         self.say(f"restarting the stalled worker group ({used}/{self.cfg.max_restarts} "
                  "restarts used)")
         return None
+
+    async def _on_nan(self, nan: dict[str, Any]) -> int:
+        """--on-nan stop: the job fails at a rank's first NaN or infinite metric (its ``nan``
+        event is out already), ended as --on-stall stop ends it."""
+        cause = {"reason": "nan", "rank": nan.get("rank"), "host": self.host,
+                 "node": self.node_id, "exit_code": None, "step": nan.get("step"),
+                 "metric": nan.get("metric"), "timestamp": time.time(),
+                 "message": f"rank {nan.get('rank')} printed {nan.get('metric')} = "
+                            f"{nan.get('value')} at step {nan.get('step')}"}
+        self.root_cause = cause
+        self.say(f"{cause['message']} (--on-nan stop)")
+        # The job ends before its workers do: the other nodes' workers fail once these are
+        # gone, and their agents must find the job over, not restart it.
+        await self._close_job("failed", cause=cause)
+        await self._stop_workers("nan")
+        self.print_summary(cause, failed=True)
+        return await self.patterns.failed_status()
 
     async def _on_failure(self, res: GroupResult) -> int | None:
         assert self._round is not None

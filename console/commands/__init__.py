@@ -3,6 +3,7 @@ line and dispatches here.
 
     read         ls, status, events: one read of the jobs or of a job (events may follow)
     logs         logs: the workers' output, filtered, deduplicated, followed
+    metrics      metrics: a training metric's curve (JSON, CSV or a table)
     control      restart, stop, rm: the subcommands that change a job
     diagnose     stacks, collectives: ask every rank of a running job (read-only)
     interactive  attach, serve: the console itself, in this terminal or in a browser

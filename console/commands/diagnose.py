@@ -22,6 +22,9 @@ async def _ready_for_request(ep: Endpoint, args: argparse.Namespace, job: str) -
     can answer: the job ended, no round completed, or ``--rank`` is not in it."""
     import redis
 
+    from elastic_agent.coordination.wire.protocol import ProtocolError
+    from elastic_agent.coordination.wire.stack_replies import check_request_size
+
     from ..job.stack_view import job_round
 
     client = await _open(ep, job)
@@ -32,6 +35,10 @@ async def _ready_for_request(ep: Endpoint, args: argparse.Namespace, job: str) -
         info = await job_round(ep, job)
     except (redis.RedisError, OSError) as exc:
         raise CliError(f"cannot read job '{job}': {sanitize(str(exc))}") from None
+    except ProtocolError as exc:
+        raise CliError(f"job '{job}' has an unreadable round record ({sanitize(str(exc))}): "
+                       "its rendezvous key was written by something other than its agents; "
+                       "nothing was asked") from None
     finally:
         await client.close()
     if info is None or not info.total_workers:
@@ -39,6 +46,10 @@ async def _ready_for_request(ep: Endpoint, args: argparse.Namespace, job: str) -
     if args.rank is not None and args.rank >= info.total_workers:
         raise CliError(f"rank {args.rank} is not in job '{job}' (world size "
                        f"{info.total_workers})", EXIT_USAGE)
+    try:
+        check_request_size(info, args.rank)
+    except ProtocolError as exc:
+        raise CliError(f"job '{job}': {exc}") from None
 
 
 async def stacks(ep: Endpoint, args: argparse.Namespace) -> int:

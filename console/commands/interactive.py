@@ -57,4 +57,5 @@ def serve(ep: Endpoint, args: argparse.Namespace) -> int:
 
     return serve_app(ep, None if args.job is None else _job(args), host=args.host,
                      port=args.port, allow_commands=args.allow_commands,
-                     scrollback=args.scrollback, max_sessions=args.max_sessions)
+                     scrollback=args.scrollback, max_sessions=args.max_sessions,
+                     token_file=getattr(args, "token_file", None))

@@ -20,9 +20,11 @@ from elastic_agent.coordination.transport.endpoints import Endpoint
 from elastic_agent.coordination.wire.log_records import STDERR, LogBatch
 from elastic_agent.coordination.wire.text import sanitize, strip_sgr, terminal_line
 
+from ..job.client import JobClient
 from ..job.dedupe import Collapser, Group
+from ..job.inplace import latest_rows, live_count
 from ..job.log_fold import BatchDeduper
-from .common import EXIT_OK, EXIT_USAGE, CliError, _follow, _job, _open, _write
+from .common import EXIT_OK, EXIT_USAGE, PROG, CliError, _follow, _job, _open, _write
 
 __all__ = ["DEDUPE_HOLD_S", "DEDUPE_PENDING_LIMIT", "logs"]
 
@@ -36,13 +38,14 @@ DEDUPE_PENDING_LIMIT = 10_000  # rows waiting to be printed; past it the oldest 
 class _LogPrinter:
     """Filters, dedupes and prints log batches as ``[rank R] text`` lines.
 
-    A line a worker redraws in place (a progress bar: a ``live`` batch's last line, replaced
-    by the first line of its stream's next batch) is printed as a terminal shows it, never
-    frame by frame. ``logs`` prints every line in its latest state (an unfinished one where
-    its latest frame came). ``logs -f`` on a terminal keeps the newest unfinished line on the
-    last row, rewritten with ``\\r`` as it changes, and prints it for good once it is
-    finished; into a pipe or a file it prints finished lines only, since that output is kept
-    or read by programs, for which a frame is noise and a rewrite is garbage.
+    What a worker redraws in place (a progress bar, a live display: a ``live`` batch's last
+    lines, its stream's *live block*, replaced by the first lines of its stream's next batch)
+    is printed as a terminal shows it, never frame by frame. ``logs`` prints every line in
+    its latest state, where it first appeared (a line's place is its first byte's). ``logs
+    -f`` on a terminal keeps the newest live block on the last rows, rewritten in place as it
+    changes, and prints its lines for good once they are finished; into a pipe or a file it
+    prints finished lines only, since that output is kept or read by programs, for which a
+    frame is noise and a rewrite is garbage.
     """
 
     def __init__(self, args: argparse.Namespace, tty: bool = False) -> None:
@@ -54,8 +57,9 @@ class _LogPrinter:
             self.grep = re.compile(args.grep) if args.grep is not None else None
         except re.error as exc:
             raise CliError(f"bad --grep pattern {args.grep!r}: {exc}", EXIT_USAGE) from None
-        self._status: tuple[tuple[str, int, str, int], str] | None = None  # stream, line
-        self._shown = False  # the status line is on the terminal's last row
+        # the live block shown on the last rows: its stream and lines
+        self._status: tuple[tuple[str, int, str, int], list[str]] | None = None
+        self._shown = 0  # rows of it on the terminal now
         self.collapse: Collapser | None = Collapser() if getattr(args, "dedupe", False) else None
         self._pending: dict[int, Group] = {}  # --dedupe --follow: rows not printed yet
         self._handles = 0
@@ -69,43 +73,47 @@ class _LogPrinter:
         return self.grep is None or self.grep.search(strip_sgr(sanitize(raw))) is not None
 
     def history(self, batches: list[LogBatch], n: int, follow: bool) -> list[str]:
-        """The last ``n`` lines of ``batches``, oldest first, each in its latest state: a frame
-        that a later batch of its stream replaced is left out, and so is a still unfinished
-        line when following (the newest one becomes the status line on a terminal)."""
+        """The last ``n`` lines of ``batches``, oldest first, each in its latest state and in
+        the place it first appeared (a live block's rows take its stream's next lines); a
+        stream's still live block is left out when following (the newest one becomes the
+        status block on a terminal)."""
         kept = [b for b in batches if self._wanted(b)]  # forward: the deduper needs the order
         if self.collapse is not None:
             return self._collapsed_history(kept, n, follow)
+        rows, live = latest_rows(kept)
+        if follow:
+            newest = None
+            for b in reversed(kept):
+                key = (b.node, b.rank, b.stream, b.attempt)
+                if key in live:
+                    newest = key
+                    break
+            for key, at in live.items():
+                if self.tty and key == newest:
+                    block = [rows[i] for i in at if rows[i] is not None]
+                    shown = [t for t in block if self._match(t[1])]
+                    if shown:
+                        self._status = (key, [f"[rank {key[1]}] {t[1]}" for t in shown])
+                for i in at:
+                    rows[i] = None
         out: list[str] = []
-        later: set[tuple[str, int, str, int]] = set()  # streams with a newer batch
-        for b in reversed(kept):
+        for row in reversed(rows):
             if len(out) >= n:
                 break
-            key = (b.node, b.rank, b.stream, b.attempt)
-            lines = b.lines
-            prefix = f"[rank {b.rank}] "
-            if b.live:
-                if (follow and self.tty and self._status is None and key not in later
-                        and self._match(lines[-1])):
-                    self._status = (key, prefix + lines[-1])
-                if follow or key in later:
-                    lines = lines[:-1]
-            later.add(key)
-            for raw in reversed(lines):
-                if self._match(raw):
-                    out.append(prefix + raw)
-                    if len(out) >= n:
-                        break
+            if row is not None and self._match(row[1]):
+                out.append(f"[rank {row[0]}] {row[1]}")
         out.reverse()
         return out
 
     def follow(self, rec: object) -> list[str]:
         """The finished lines of a followed record to print; on a terminal they are written
-        here, around the status line (so nothing is returned)."""
+        here, around the status block (so nothing is returned)."""
         if not isinstance(rec, LogBatch) or not self._wanted(rec):
             return []
         lines, live = rec.lines, None
-        if rec.live:
-            lines, live = lines[:-1], lines[-1]
+        k = live_count(rec)
+        if k:
+            lines, live = lines[:-k], lines[-k:]
         prefix = f"[rank {rec.rank}] "
         if self.collapse is not None:
             self._collect(rec, [raw for raw in lines if self._match(raw)])
@@ -116,9 +124,11 @@ class _LogPrinter:
             return done
         key = (rec.node, rec.rank, rec.stream, rec.attempt)
         if self._status is not None and self._status[0] == key:
-            self._status = None  # that line finished, or has a newer frame below
-        if live is not None and self._match(live):
-            self._status = (key, prefix + live)
+            self._status = None  # that block finished, or has a newer state below
+        if live is not None:
+            shown = [prefix + raw for raw in live if self._match(raw)]
+            if shown:
+                self._status = (key, shown)
         self.redraw(done)
         return []
 
@@ -131,8 +141,9 @@ class _LogPrinter:
         rows: list[Group] = []
         for i, b in enumerate(kept):
             lines = b.lines
-            if b.live and (follow or last[(b.node, b.rank, b.stream, b.attempt)] != i):
-                lines = lines[:-1]  # a frame a later batch replaced, or the status line
+            k = live_count(b)
+            if k and (follow or last[(b.node, b.rank, b.stream, b.attempt)] != i):
+                lines = lines[:-k]  # frames a later batch replaced, or the status block
             for raw in lines:
                 if not self._match(raw):
                     continue
@@ -186,22 +197,26 @@ class _LogPrinter:
             sys.stdout.flush()
 
     def redraw(self, done: Iterable[str] = ()) -> None:
-        """On a terminal: erase the status line, print ``done``, draw the status line again
-        (cut to the terminal's width: a wrapped line could not be rewritten with ``\\r``)."""
-        parts = ["\r\x1b[K"] if self._shown else []
+        """On a terminal: erase the status block, print ``done``, draw the status block again
+        (each row cut to the terminal's width: a wrapped row could not be rewritten; at most
+        the terminal's height less one row)."""
+        parts = ["\r\x1b[K" + "\x1b[1A\x1b[K" * (self._shown - 1)] if self._shown else []
         parts.extend(terminal_line(line, True) + "\n" for line in done)
-        self._shown = self._status is not None
+        self._shown = 0
         if self._status is not None:
-            width = max(10, shutil.get_terminal_size().columns - 1)
-            parts.append(_fit(terminal_line(self._status[1], False), width))
+            size = shutil.get_terminal_size()
+            width = max(10, size.columns - 1)
+            block = self._status[1][-max(1, size.lines - 1):]
+            parts.append("\n".join(_fit(terminal_line(row, False), width) for row in block))
+            self._shown = len(block)
         if parts:
             sys.stdout.write("".join(parts))
             sys.stdout.flush()
 
     def close(self) -> None:
-        """Leave the terminal on a new line after a status line."""
+        """Leave the terminal on a new line after a status block."""
         if self._shown:
-            self._shown = False
+            self._shown = 0
             sys.stdout.write("\n")
             sys.stdout.flush()
 
@@ -235,6 +250,7 @@ async def logs(ep: Endpoint, args: argparse.Namespace) -> int:
     try:
         _, batches = await client.history(max_events=0,
                                           max_log_entries_per_stream=max(2_000, args.tail))
+        _note_streams(client)
         _write(printer.history(batches, args.tail, args.follow))
         sys.stdout.flush()
         if args.follow:
@@ -264,6 +280,7 @@ async def _attempt_logs(ep: Endpoint, job: str, args: argparse.Namespace) -> int
                                           max_lines=max(10_000, args.tail))
     finally:
         await client.close()
+    _note_streams(client)
     if not found.batches:
         sys.stderr.write(f"no lines of attempt {args.attempt} of job {job} are kept"
                          f"{'' if args.rank is None else f' for rank {args.rank}'}\n")
@@ -271,6 +288,13 @@ async def _attempt_logs(ep: Endpoint, job: str, args: argparse.Namespace) -> int
     _write(printer.history(found.batches, args.tail, follow=False))
     printer.close()
     return EXIT_OK
+
+
+def _note_streams(client: JobClient) -> None:
+    """One line on stderr when the job's set of log streams held more names than are read."""
+    if client.streams_note:
+        print(terminal_line(f"{PROG}: note: {client.streams_note}", False), file=sys.stderr,
+              flush=True)
 
 
 async def _print_due(printer: _LogPrinter) -> None:

@@ -15,9 +15,11 @@ from elastic_agent.coordination.wire.event_records import Event
 from elastic_agent.coordination.wire.text import sanitize, terminal_line
 
 from ..job.formatting import fmt_age, fmt_bytes
+from ..job.metrics import JobMetrics
 from ..job.model import RankState
 from ..job.state import JobView
 from .common import EXIT_OK, PROG, _clock, _follow, _job, _load_view, _open, _out, _q, _table, _write
+from .metrics import value_out
 
 __all__ = ["events", "ls", "status", "status_object"]
 
@@ -49,10 +51,16 @@ async def ls(ep: Endpoint, args: argparse.Namespace) -> int:
 
 # -- status -------------------------------------------------------------------------------
 
-def _rank_json(r: RankState) -> dict[str, Any]:
+def _rank_json(r: RankState, m: JobMetrics) -> dict[str, Any]:
+    latest = m.latest.get(r.rank)
     return {"rank": r.rank, "host": r.host, "node": r.node, "local_rank": r.local_rank,
             "pid": r.pid, "state": r.state, "restarts": r.restarts, "last_exit": r.last_exit,
-            "cpu": r.cpu, "rss": r.rss, "threads": r.threads}
+            "cpu": r.cpu, "rss": r.rss, "threads": r.threads,
+            # Training (console/job/metrics.py): None until its output showed any.
+            "step": latest.step if latest else None,
+            "rate": latest.rate if latest else None,
+            "total": latest.total if latest else None,
+            "metrics": {k: value_out(v) for k, v in m.values_of(r.rank).items()}}
 
 
 def status_object(view: JobView, job: str, redis_display: str) -> dict[str, Any]:
@@ -66,10 +74,11 @@ def status_object(view: JobView, job: str, redis_display: str) -> dict[str, Any]
         "last_heartbeat_ms": view.lost_since_ms,
         "nodes": {n: {"host": i.host, "status": i.status, "group_rank": i.group_rank}
                   for n, i in view.nodes.items()},
-        "ranks": [_rank_json(view.ranks[r]) for r in sorted(view.ranks)],
+        "ranks": [_rank_json(view.ranks[r], view.metrics) for r in sorted(view.ranks)],
         "root_cause": view.root_cause,
         "stragglers": view.stragglers,
         "patterns": list(view.patterns.values()),  # the restart patterns (issue 22)
+        "nan": view.first_nan,  # the first rank whose metric became NaN or infinite
     }
 
 
@@ -115,6 +124,10 @@ async def status(ep: Endpoint, args: argparse.Namespace) -> int:
         _write("    " + line for line in str(c.get("traceback") or "").split("\n") if line)
     for pattern in view.patterns.values():
         _out(f"pattern   {pattern}")
+    if view.first_nan:
+        n = view.first_nan
+        _out(f"nan       rank {n['rank']} on {n['host']}: {n['metric']} became {n['value']} "
+             f"at step {_q(n['step'])} (the first)")
     if view.stragglers:
         _out("stragglers " + ", ".join(f"rank {x['rank']} on {x['host']} ({x['ratio']:g}x "
                                        "slower)" for x in view.stragglers[:16]))
@@ -125,11 +138,21 @@ async def status(ep: Endpoint, args: argparse.Namespace) -> int:
     if not ranks:
         _out("no workers have started yet")
         return EXIT_OK
-    _table(["RANK", "HOST", "LOCAL", "PID", "STATE", "RESTARTS", "LAST EXIT", "CPU%", "RSS"],
+    steps = view.metrics.any_step  # the training columns once any rank printed a step
+    latest = view.metrics.latest
+    _table(["RANK", "HOST", "LOCAL", "PID", "STATE", "RESTARTS", "LAST EXIT", "CPU%", "RSS",
+            *(["STEP", "STEPS/S"] if steps else [])],
            ([str(r.rank), r.host, _q(r.local_rank), _q(r.pid), r.state, str(r.restarts),
-             _q(r.last_exit), "-" if r.cpu is None else f"{r.cpu:.1f}", fmt_bytes(r.rss)]
+             _q(r.last_exit), "-" if r.cpu is None else f"{r.cpu:.1f}", fmt_bytes(r.rss),
+             *(_step_cells(latest.get(r.rank)) if steps else [])]
             for r in ranks))
     return EXIT_OK
+
+
+def _step_cells(latest: Any) -> list[str]:
+    if latest is None:
+        return ["-", "-"]
+    return [_q(latest.step), "-" if latest.rate is None else f"{latest.rate:.2f}"]
 
 
 # -- events -------------------------------------------------------------------------------

@@ -18,7 +18,10 @@ Reading contract (FIELD-NOTES: ``$`` can skip entries, a reader must re-send its
   log stream discovered later (so its first lines are not skipped), and never ``$``. After an
   outage it re-sends the same ids: no gap, no duplicate.
 * A job's log streams are found through the job's set of them (``JobKeys.log_streams``),
-  never by SCAN: they live outside the job's slot (``JobKeys.logs``). On a cluster,
+  never by SCAN: they live outside the job's slot (``JobKeys.logs``). The set is read a page
+  at a time (SSCAN), at most ``LOG_STREAM_NAMES_MAX`` names, the last round's nodes' streams
+  first when it holds more (anyone who may write the job can add names); ``streams_note``
+  says how many were left out. On a cluster,
   :meth:`follow` makes one blocking XREAD per slot its streams are in (at most 17: the job's
   and 16 log tags), each on its own connection; on one server, one XREAD as before.
 
@@ -37,8 +40,8 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import redis
@@ -70,6 +73,12 @@ from elastic_agent.coordination.wire.keyspace import (
     validate_job_id,
 )
 from elastic_agent.coordination.wire.log_records import LogBatch, decode_log_entries
+from elastic_agent.coordination.wire.metric_records import (
+    MAX_METRICS_ENTRY_BYTES,
+    MetricsEntry,
+    decode_metrics_entry,
+)
+from elastic_agent.coordination.wire.metric_series import MAX_ENCODED
 from elastic_agent.coordination.wire.protocol import ProtocolError, decode_json
 from elastic_agent.coordination.wire.round_records import RoundInfo
 from elastic_agent.coordination.wire.text import sanitize
@@ -78,7 +87,9 @@ from .attempts import AttemptLogs, read_attempt
 from .follow import (
     _CONNECTION_ERRORS,
     BLOCK_MS,
+    LOG_STREAM_NAMES_MAX,
     READ_COUNT,
+    STREAM_NAMES_PAGE,
     Following,
     Record,
     _entry_fields,
@@ -120,7 +131,17 @@ HISTORY_EVENT_BYTES = 32 * 1024 * 1024
 LIST_JOBS_PER_READ = 2
 LIST_EVENT_BYTES = 256 * 1024
 
+#: Names one EXISTS asks about when the set of log streams is past its bound (_existing).
+EXISTS_GROUP = 512
+
 _MAX_SAMPLE_BYTES = 64 * 1024
+#: Training metrics (``metrics_history``, ``metrics_recent``): fields of the history hash
+#: read whole (8 metrics x 4 series are written); entries of the stream read on attach and
+#: by ``metrics``, and their data at most (honest entries: a few KiB a node and interval).
+METRICS_HISTORY_FIELDS = 64
+METRICS_RECENT_ENTRIES = 5_000
+METRICS_RECENT_BYTES = 32 * 1024 * 1024
+METRICS_PAGE = 64
 RESOURCES_PER_SLICE = 128  # samples decoded between two yields to the event loop (~3 ms)
 
 
@@ -180,6 +201,12 @@ class JobClient(Following):
         self.job_id = validate_job_id(job_id) if job_id is not None else None
         #: Set by ``list_jobs``: one line when the job index held more than it read.
         self.index_note: str | None = None
+        #: Set by every read of the job's set of log streams: one line when it held more
+        #: names than ``LOG_STREAM_NAMES_MAX`` and some were left out (None: all were read).
+        self.streams_note: str | None = None
+        # follow: cursors of streams it stopped following to stay within the bound, kept
+        # (as many as the bound) so that following one again resumes where it was.
+        self._parked: dict[str, str] = {}
         self._job_keys = JobKeys(job_id) if job_id is not None else None
         # Named: a --standalone agent keeps its Redis up while a console of its job is there.
         name = console_client_name(job_id) if job_id is not None else None
@@ -194,6 +221,7 @@ class JobClient(Following):
         # (LogEntryDecoder). Every XREAD reply of this client goes through _entry_fields.
         self._reader.set_response_callback("XREAD", _raw_reply)
         self._last_ids: dict[str, str] = {}  # stream key -> last entry id seen (follow cursor)
+        self.metrics_nodes: set[str] | None = None  # see Following.metrics_nodes
         #: Records skipped because they could not be read (see :class:`Skipped`).
         self.skipped = 0
         # Keys that are not streams (WRONGTYPE) or names in the logs set that are not this
@@ -484,6 +512,88 @@ class JobClient(Following):
             self.skipped += 1
         return out
 
+    # -- training metrics --------------------------------------------------------------------
+    async def metrics_history(self, names: Iterable[str] = ()) -> dict[str, bytes]:
+        """The history hash (``JobKeys.metrics_history``): series name -> encoded series, for
+        ``JobMetrics.apply_history``. Bounded: a hash of at most ``METRICS_HISTORY_FIELDS``
+        fields is read (its field names, then each value of at most ``MAX_ENCODED`` bytes); a
+        bigger one (anyone who may write the job can add fields) only for the series of
+        ``names`` (the metrics known from the stream and the samples), the rest counted as
+        skipped. A key of another type is skipped and counted."""
+        k = self.keys.metrics_history
+        with self._errors():
+            try:
+                size = int(await self._client.hlen(k))
+                if size <= METRICS_HISTORY_FIELDS:
+                    fields = [_s(f) for f in await self._client.hkeys(k)]
+                else:
+                    self.skipped += size - METRICS_HISTORY_FIELDS
+                    fields = [f"{src}/{name}" for name in list(names)[:16]
+                              for src in ("rank0", "min", "median", "max")]
+                if not fields:
+                    return {}
+                pipe = self._client.pipeline(transaction=False)
+                for f in fields:
+                    pipe.hstrlen(k, f)
+                sizes = await pipe.execute()
+                small = [f for f, n in zip(fields, sizes) if isinstance(n, int) and 0 < n <= MAX_ENCODED]
+                self.skipped += sum(1 for n in sizes if isinstance(n, int) and n > MAX_ENCODED)
+                values = await self._client.hmget(k, small) if small else []
+            except redis.ResponseError as exc:
+                self._refused(k, exc)  # WRONGTYPE: skipped and counted; else raised
+                return {}
+        return {f: v for f, v in zip(small, values) if v is not None}
+
+    async def metrics_recent(self, max_entries: int = METRICS_RECENT_ENTRIES,
+                             max_bytes: int = METRICS_RECENT_BYTES, *,
+                             follow: bool = True) -> list[MetricsEntry]:
+        """The newest entries of the metrics stream, oldest first, decoded (the malformed
+        skipped and counted): at most ``max_entries``, and no more once their data passed
+        ``max_bytes``. ``follow``: :meth:`follow` then reads the stream too, right after the
+        newest entry read (the stream's cursor is set: without it nothing follows metrics).
+        Entries of nodes not in ``metrics_nodes`` (when set) are left out undecoded."""
+        k = self.keys.metrics
+        out: list[MetricsEntry] = []
+        newest: str | None = None
+        high, left, budget = "+", max(0, max_entries), max_bytes
+        with self._errors():
+            while left > 0 and budget > 0:
+                count = min(METRICS_PAGE, left)
+                try:
+                    page = await self._client.xrevrange(k, max=high, min="-", count=count)
+                except redis.ResponseError as exc:
+                    self._refused(k, exc)
+                    return out[::-1]
+                for entry_id, fields in page:
+                    eid = _s(entry_id)
+                    newest = newest or eid
+                    if not self._metrics_wanted(fields):
+                        continue
+                    raw = fields.get(b"ranks", fields.get("ranks", b""))
+                    budget -= min(len(raw), MAX_METRICS_ENTRY_BYTES) if raw else 0
+                    entry = decode_metrics_entry(eid, fields)
+                    if entry is None:
+                        self.skipped += 1
+                    else:
+                        out.append(entry)
+                if len(page) < count:
+                    break
+                left -= len(page)
+                high = "(" + _s(page[-1][0])
+            if follow:
+                if newest is None and max_entries == 0:
+                    newest = await self._newest_id(k)
+                self._last_ids[k] = newest or self._last_ids.get(k, "0-0")
+        return out[::-1]
+
+    async def _newest_id(self, key: str) -> str | None:
+        try:
+            page = await self._client.xrevrange(key, count=1)
+        except redis.ResponseError as exc:
+            self._refused(key, exc)
+            return None
+        return _s(page[0][0]) if page else None
+
     # -- reading the streams -----------------------------------------------------------------
     async def history(self, max_events: int = 10_000,
                       max_log_entries_per_stream: int = 2_000, *,
@@ -506,14 +616,7 @@ class JobClient(Following):
         k = self.keys
         events, newest = await self._newest_events(max_events)
         self._last_ids[k.events] = newest or "0-0"
-        pipe = self._client.pipeline(transaction=False)
-        if logs:
-            pipe.smembers(k.log_streams)
-            (raw_streams,) = await pipe.execute(raise_on_error=False)
-            _raise_outage([raw_streams])
-        else:
-            raw_streams = []
-        streams = self._log_stream_names(raw_streams) if logs else []
+        streams = self._log_stream_names(await self._stream_members()) if logs else []
         lists: list[list[LogBatch]] = []
         # A few streams per round trip, each reply decoded before the next is read: the raw
         # replies of every stream at once (~1 KiB an entry, 70k entries at 1,024 ranks) were
@@ -575,9 +678,10 @@ class JobClient(Following):
         """The log batches of one earlier attempt (a round), of ``rank`` only if given: see
         attempts.py. One read on demand, not a follow."""
         with self._errors():
-            names = self._log_stream_names(await self._client.smembers(self.keys.log_streams))
-            return await read_attempt(self._client, names, attempt, rank, max_lines,
-                                      self._decode_logs)
+            names = self._log_stream_names(await self._stream_members())
+            found = await read_attempt(self._client, names, attempt, rank, max_lines,
+                                       self._decode_logs, self._refused)
+        return replace(found, note=self.streams_note or "")
 
     def _decode_logs(self, entries: Any) -> list[LogBatch]:
         out: list[LogBatch] = []
@@ -589,15 +693,71 @@ class JobClient(Following):
                 self.skipped += 1
         return out
 
-    def _log_stream_names(self, raw: Any) -> list[str]:
-        """The names in the job's logs set that can be this job's log streams: anything else
-        (a foreign key, a non-stream) is counted once and left out."""
+    async def _stream_members(self) -> list[str] | Exception:
+        """The names in the job's set of log streams, sorted: all of them, or when it holds
+        more than ``LOG_STREAM_NAMES_MAX``, that many (the streams of the last round's nodes
+        first, then the others SSCAN brought) with ``streams_note`` saying so. Paged: a
+        4,096-node job's set is two or three round trips; past the bound, however many names
+        the set holds, a few pages and one EXISTS per ``EXISTS_GROUP`` names. A set Redis
+        refuses to read as one (WRONGTYPE) is returned in place, for
+        :meth:`_log_stream_names` to count; any other error is raised."""
+        k = self.keys
+        seen: set[str] = set()
+        cursor = 0
+        try:
+            while True:
+                cursor, page = await self._client.sscan(k.log_streams, cursor,
+                                                        count=STREAM_NAMES_PAGE)
+                seen.update(map(_s, page))
+                if not cursor or len(seen) >= LOG_STREAM_NAMES_MAX:
+                    break
+            if not cursor:  # read whole
+                self.streams_note = None
+                return sorted(seen)
+            total = int(await self._client.scard(k.log_streams))
+            info = _round_info(await self._client.get(k.rdzv_round_info))
+        except redis.ResponseError as exc:
+            if not _is_wrongtype(exc):
+                raise
+            return exc
+        # The current nodes' streams (named as their agents name them) before anything else
+        # the set holds: a flood of names must not hide the job's own logs.
+        first = sorted({k.logs(str(n.get("node", ""))) for n in (info.nodes if info else ())
+                        if isinstance(n, dict) and n.get("node")})[:LOG_STREAM_NAMES_MAX]
+        rest = sorted(seen.difference(first))[:LOG_STREAM_NAMES_MAX - len(first)]
+        read = len(rest) + len(seen.intersection(first))
+        self.streams_note = (
+            f"the job's set of log streams holds {total:,} names: {max(0, total - read):,} "
+            f"were left out (at most {LOG_STREAM_NAMES_MAX:,} are read, the last round's "
+            f"nodes' first); anyone who may write the job can add names, see docs/SECURITY.md")
+        return await self._existing(first + rest)
+
+    async def _existing(self, names: list[str]) -> list[str]:
+        """``names`` that are keys now, in order. Only for a set past its bound: names of
+        nothing cost no stream read then, and a flood of them one EXISTS per group (a group
+        of some that are and some that are not: one pipelined EXISTS each). An honest set is
+        read as it is, so a node's stream is followed before its first entry lands."""
+        out: list[str] = []
+        for i in range(0, len(names), EXISTS_GROUP):
+            group = names[i:i + EXISTS_GROUP]
+            found = int(await self._client.exists(*group))
+            if found == len(group):
+                out += group
+            elif found:
+                pipe = self._client.pipeline(transaction=False)
+                for name in group:
+                    pipe.exists(name)
+                out += [n for n, e in zip(group, await pipe.execute()) if e]
+        return out
+
+    def _log_stream_names(self, raw: list[str] | Exception) -> list[str]:
+        """The names of :meth:`_stream_members` that can be this job's log streams, in its
+        order: anything else (a foreign key, a non-stream) is counted once and left out."""
         if isinstance(raw, Exception):
             self._refused(self.keys.log_streams, raw)
             return []
         names = []
-        for member in raw or ():
-            name = _s(member)
+        for name in raw:
             if name in self._bad_keys:
                 continue
             if not self.keys.is_log_stream(name):
@@ -605,7 +765,7 @@ class JobClient(Following):
                 self.skipped += 1
                 continue
             names.append(name)
-        return sorted(names)
+        return names
 
     def _refused(self, key: str, exc: Exception) -> list[Any]:
         """A key Redis refused to read as a stream (WRONGTYPE): skipped and counted once.

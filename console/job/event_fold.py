@@ -40,6 +40,9 @@ event                       effect
 ``straggler``               timeline entry; the named ranks -> ``slow`` (running, slower than
                             the others), the ranks it no longer names -> ``running``;
                             ``stragglers`` = its ranks (rank, host, ratio), until a restart
+``nan``                     timeline entry (rank, step, metric, value, host); ``first_nan`` =
+                            the earliest one (server time): the first rank whose metric became
+                            NaN or infinite
 ==========================  ================================================================
 
 Duplicates: a retried XADD can write an entry twice (Redis 7 has no idempotent XADD). An
@@ -280,6 +283,7 @@ class EventFold:
             if not again:
                 rs.starts += 1
                 rs.restarts = rs.starts - 1
+                rs.ended_ms = 0
         raw = d.get("ranks")
         if refused or (type(raw) is list and len(raw) > len(ranks)):
             self.ignored += 1  # one count for the event, however many ranks it named
@@ -309,6 +313,7 @@ class EventFold:
                 rs.node, rs.pid, rs.host = node, pid, self._host_of(node)
         if rs is not None and not stale:
             rs.last_exit = sanitize(str(sig)) if sig else _int(code, None)
+            rs.ended_ms = ev.server_ms  # its QUIET stops here
             if d.get("stopping"):
                 rs.state = STOPPED
             else:
@@ -405,11 +410,32 @@ class EventFold:
                    f"each rank's share of time outside collectives, against the job's median, "
                    f"over windows of {_q(window)} s (torch's flight recorder, sampled)")
 
+    def _on_nan(self, ev: Event, node: str, d: dict[str, Any]) -> None:
+        rank, step = _int(d.get("rank"), None), _int(d.get("step"), None)
+        metric, value = d.get("metric"), d.get("value")
+        if rank is None or not isinstance(metric, str) or not metric:
+            self.ignored += 1
+            return
+        metric = sanitize(metric[:MAX_NAME_CHARS])
+        value = value if value in ("nan", "inf", "-inf") else "nan"
+        host = _host(d.get("host"), node)
+        attempt = _int(d.get("attempt"), None)
+        first = self.first_nan
+        if first is None or ev.server_ms < first["server_ms"]:
+            self.first_nan = {"rank": rank, "step": step, "metric": metric, "value": value,
+                              "host": host, "node": node, "attempt": attempt,
+                              "server_ms": ev.server_ms}
+        text = f"rank {rank} on {host}: {metric} became {value} at step {_q(step)}"
+        if d.get("policy") == "stop":
+            text += " (--on-nan stop: the job stops)"
+        self._note(ev, "nan", text)
+
     def _on_workers_stopped(self, ev: Event, node: str, d: dict[str, Any]) -> None:
         for r in rank_list(d.get("ranks")):
             rs = self.ranks.get(r)
             if rs is not None and rs.state not in (FAILED, EXITED):
                 rs.state = STOPPED
+                rs.ended_ms = rs.ended_ms or ev.server_ms
 
     def _on_group_failed(self, ev: Event, node: str, d: dict[str, Any]) -> None:
         cause = d.get("root_cause")
@@ -524,4 +550,5 @@ class EventFold:
         EventType.SUSPECT_NODE: _on_suspect_node,
         EventType.NO_PROGRESS: _on_no_progress,
         EventType.NODE_EXCLUDED: _on_node_excluded,
+        EventType.NAN: _on_nan,
     }

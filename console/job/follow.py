@@ -23,13 +23,15 @@ from elastic_agent.coordination.transport.connection import raise_if_cancelled
 from elastic_agent.coordination.wire.event_records import Event, EventType, decode_event
 from elastic_agent.coordination.wire.keyspace import JobKeys
 from elastic_agent.coordination.wire.log_records import LogBatch, LogEntryDecoder
+from elastic_agent.coordination.wire.metric_records import MetricsEntry, decode_metrics_entry
 
 from .state import ConnectionChange, Skipped
 
-__all__ = ["BLOCK_MS", "READ_COUNT", "Following", "Record"]
+__all__ = ["BLOCK_MS", "LOG_STREAM_NAMES_MAX", "READ_COUNT", "Following", "Record"]
 
-#: What :meth:`Following.follow` yields.
-Record = Event | LogBatch | ConnectionChange
+#: What :meth:`Following.follow` yields (MetricsEntry: only once the metrics stream's cursor
+#: was set, by ``JobClient.metrics_recent``).
+Record = Event | LogBatch | MetricsEntry | ConnectionChange
 
 BLOCK_MS = 2_000  # one XREAD BLOCK; also bounds how late a Ctrl-C or a new stream is seen
 STREAMS_REFRESH_S = 3.0  # re-read the set of log streams at least this often
@@ -37,6 +39,10 @@ READ_COUNT = 250  # entries per stream per XREAD: bounds one reply's size (and i
 #: Entries decoded per list follow_many yields: a node's entry holds up to ~30 batches (~3 us
 #: each to decode), so a list is a couple of milliseconds of work for its consumer.
 DECODE_SLICE = 32
+#: Metrics entries decoded per list: a node's entry holds up to 256 points a rank (~1 ms to
+#: decode and as much to fold for 16 ranks' two steps), so a list of DECODE_SLICE of them
+#: held the keys for tens of milliseconds.
+METRICS_SLICE = 2
 #: At most one XREAD per this interval. Each one names every log stream (130 arguments for
 #: 64 nodes, ~0.2 ms just to encode) and wakes as soon as any stream has an entry, so a busy
 #: job was read in hundreds of tiny replies a second; waiting this long lets entries gather.
@@ -56,6 +62,16 @@ READ_INTERVAL_MAX_S = 0.1
 READ_BUDGET = 32_768
 READ_COUNT_MIN = 8
 BACKOFF_START, BACKOFF_MAX = 0.05, 1.0
+#: Names read from a job's set of log streams, and log streams followed at once. A job has one
+#: stream per node, and a node's id is new each time its agent starts: 4,096 nodes twice over
+#: (this start of each and one before) fit. Anyone who may write the job can add names
+#: (docs/SECURITY.md): 200,000 forged ones took ``logs`` 10 s and ``logs --attempt`` 20 s
+#: when the set was read whole. Past the bound the last round's nodes' streams are read
+#: first, the rest left out (``JobClient.streams_note`` says how many), and of those read,
+#: names of no key cost no stream read.
+LOG_STREAM_NAMES_MAX = 8_192
+#: SSCAN's COUNT when reading that set: a 4,096-node job's names in a few round trips.
+STREAM_NAMES_PAGE = 2_048
 
 _CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, socket.timeout, OSError)
 # Events after which a new node's log stream may exist (its SADD precedes workers_started
@@ -76,7 +92,8 @@ def read_count(streams: int) -> int:
 
 class Following:
     """The follow half of JobClient (a mixin: JobClient sets every attribute below and gives
-    ``_explain``, ``_read_history``, ``_log_stream_names`` and ``_refused``)."""
+    ``_explain``, ``_read_history``, ``_stream_members``, ``_log_stream_names`` and
+    ``_refused``)."""
 
     keys: JobKeys
     skipped: int
@@ -89,6 +106,12 @@ class Following:
     _cluster: bool
     _reads: dict[int, asyncio.Future[Any]]
     _slots: dict[str, int]
+    streams_note: str | None
+    _parked: dict[str, str]
+    #: The nodes whose metrics entries are decoded (None: every node's). A big job's console
+    #: names rank 0's and the chosen ranks' nodes: decoding every node's entry at 32,768
+    #: ranks (2,048 entries a second) would take more than a core.
+    metrics_nodes: set[str] | None
 
     async def _start_at_present(self) -> None:
         """Cursor at the newest entry of every stream (explicit ids, never ``$``)."""
@@ -97,18 +120,29 @@ class Following:
     async def _refresh_streams(self) -> None:
         if self._bad_keys:
             await self._recheck_bad_keys()
-        try:
-            raw = await self._client.smembers(self.keys.log_streams)
-        except redis.ResponseError as exc:
-            raw = exc
-        for s in self._log_stream_names(raw):
+        names = self._log_stream_names(await self._stream_members())
+        if self.streams_note is not None:
+            self._let_go(set(names))
+        for s in names:
             # A stream found now may already hold entries written before we saw it.
-            self._last_ids.setdefault(s, "0-0")
+            self._last_ids.setdefault(s, self._parked.pop(s, "0-0"))
+
+    def _let_go(self, keep: set[str]) -> None:
+        """The set of log streams held more names than are read: follow only ``keep`` (the
+        last round's nodes' streams first), so the cursor stays within the bound however the
+        set changes. A stream let go keeps its cursor, parked (as many as the bound), so
+        following it again resumes where it was instead of printing it all again."""
+        kept = (self.keys.events, self.keys.metrics)
+        for key in [x for x in self._last_ids if x not in kept and x not in keep]:
+            self._parked[key] = self._last_ids.pop(key)
+            self._slots.pop(key, None)
+        while len(self._parked) > LOG_STREAM_NAMES_MAX:
+            del self._parked[next(iter(self._parked))]  # the longest parked
 
     async def _recheck_bad_keys(self) -> None:
         # A repaired key (deleted, or a stream again) is read again; a foreign name stays out.
         candidates = [k for k in self._bad_keys
-                      if k == self.keys.events or self.keys.is_log_stream(k)]
+                      if k in (self.keys.events, self.keys.metrics) or self.keys.is_log_stream(k)]
         if not candidates:
             return
         pipe = self._client.pipeline(transaction=False)
@@ -173,6 +207,7 @@ class Following:
         one or two entries of each of hundreds of streams, and a list (and a decode, and a
         fold by the consumer) per stream cost more than the entries in it."""
         k = self.keys
+        metrics_key = k.metrics
         decoder = LogEntryDecoder()
         last_ids = self._last_ids
         async for reply in self._replies(logs):
@@ -198,6 +233,21 @@ class Following:
                         last_ids[stream] = _s(part[-1][0])
                         if events:
                             yield events  # type: ignore[misc]
+                    continue
+                if stream == metrics_key:
+                    if chunk:  # the order of the reply is kept
+                        out = self._decode_chunk(decoder, chunk, ends)
+                        chunk, ends = [], {}
+                        if out:
+                            yield out
+                    step = min(size, METRICS_SLICE)
+                    for i in range(0, len(entries), step):
+                        part = entries[i:i + step]
+                        points = [m for m in (self._metrics(_s(e[0]), e[1]) for e in part)
+                                  if m is not None]
+                        last_ids[stream] = _s(part[-1][0])
+                        if points:
+                            yield points  # type: ignore[misc]
                     continue
                 i, n = 0, len(entries)
                 while i < n:
@@ -239,6 +289,24 @@ class Following:
         if ev.type in _NEW_STREAM_EVENTS:
             self._refresh_due = True
         return ev
+
+    def _metrics(self, eid: str, fields: Any) -> MetricsEntry | None:
+        """A followed metrics entry, or None: one of a node not in ``metrics_nodes`` (left
+        undecoded), or a malformed one (counted as skipped)."""
+        f = _entry_fields(fields)
+        if not self._metrics_wanted(f):
+            return None
+        entry = decode_metrics_entry(eid, f)
+        if entry is None:
+            self.skipped += 1
+        return entry
+
+    def _metrics_wanted(self, fields: Any) -> bool:
+        wanted = self.metrics_nodes
+        if wanted is None:
+            return True
+        node = fields.get(b"node", fields.get("node"))
+        return (node.decode("utf-8", "replace") if isinstance(node, bytes) else node) in wanted
 
     async def _replies(self, logs: bool) -> AsyncIterator[Any]:
         """The raw XREAD replies of :meth:`follow` (non-empty lists of ``[key, entries]``),

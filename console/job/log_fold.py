@@ -35,14 +35,25 @@ from .packed_buffer import PackedLogBuffer
 __all__ = ["BatchDeduper", "LogFold"]
 
 
-def _log_lines(ms: int, rank: int, stream: str,
-               lines: list[str]) -> list[tuple[int, int, str, str]]:
+def _log_lines(ms: int, rank: int, stream: str, lines: list[str],
+               first_ms: int) -> list[tuple[int, int, str, str]]:
     """A batch's lines as the rings keep them: plain tuples (see the module docstring:
-    untracked by the cyclic GC), text escaped (a printable line, the common case, as is)."""
+    untracked by the cyclic GC), text escaped (a printable line, the common case, as is).
+    The first line is stamped ``first_ms`` (its first byte's time), the others ``ms``."""
+    t = lines[0]
+    first = (first_ms, rank, stream, t if t.isprintable() else sanitize(t))
     if len(lines) == 1:  # a batch is often one line (thousands of ranks, ~10 lines/s each)
-        t = lines[0]
-        return [(ms, rank, stream, t if t.isprintable() else sanitize(t))]
-    return [(ms, rank, stream, t if t.isprintable() else sanitize(t)) for t in lines]
+        return [first]
+    made = [(ms, rank, stream, t if t.isprintable() else sanitize(t)) for t in lines]
+    made[0] = first
+    return made
+
+
+def _timed_lines(batch: LogBatch, rank: int, stream: str,
+                 lines: list[str]) -> list[tuple[int, int, str, str]]:
+    """:func:`_log_lines` with each line at its first byte's time (``LogBatch.line_times``)."""
+    return [(ms, rank, stream, t if t.isprintable() else sanitize(t))
+            for ms, t in zip(batch.line_times(), lines)]
 
 
 class BatchDeduper:
@@ -143,8 +154,8 @@ class LogFold:
         last_eid: str | None = None
         folded = False
         for rec in records:
-            if type(rec) is LogBatch and rec.live is False:
-                node, rank, _, attempt, stream, seq, lines, eid, _ = rec
+            if type(rec) is LogBatch and not rec.live:
+                node, rank, _, attempt, stream, seq, lines, eid, _, age, _ = rec
                 buf = logs.get(rank)
                 rs = ranks.get(rank)
                 key = (node, rank, stream, attempt)
@@ -176,7 +187,7 @@ class LogFold:
                     except ValueError:
                         ms = 0
                     head = h
-            made = _log_lines(ms, rank, stream, lines)
+            made = _log_lines(ms, rank, stream, lines, ms - age if age and ms > age else ms)
             buf.extend_list(made)  # type: ignore[arg-type]  # plain 4-tuples, LogLine-compatible
             pending += made  # type: ignore[arg-type]
             folded = True
@@ -192,9 +203,9 @@ class LogFold:
         return newest
 
     def apply_logs(self, batch: LogBatch) -> None:
-        """Append a batch's lines to its rank and to the interleaved view: O(lines). A line
-        redrawn in place (``batch.live``, :mod:`~elastic_console.job.inplace`) is one row in both,
-        replaced by each newer state."""
+        """Append a batch's lines to its rank and to the interleaved view: O(lines). A live
+        block (``batch.live``, :mod:`~elastic_console.job.inplace`) keeps its rows in both,
+        replaced by each newer state; each line is stamped with its first byte's time."""
         try:
             rank, lines, stream = batch.rank, batch.lines, batch.stream
             if type(rank) is not int or not isinstance(lines, list) or (
@@ -204,25 +215,41 @@ class LogFold:
             if self._dedupe.seen(batch):
                 return
             ms = batch.server_ms
-            made = _log_lines(ms, rank, stream, lines)
-            row = self._inplace.take(batch)
+            made = _timed_lines(batch, rank, stream, lines)
+            held = self._inplace.take(batch)
+            live = int(batch.live) if isinstance(batch.live, int) else 0
+            if not 0 <= live <= len(made):
+                live = 0
         except Exception:
             self.ignored += 1
             return
         buf = self.logs.get(rank)
         if buf is None:
             buf = self.logs[rank] = PackedLogBuffer(self.scrollback)
-        if row is not None and made:
-            first = made.pop(0)
-            buf.replace(row[0], first)  # type: ignore[arg-type]
-            self.all_logs.replace(row[1], first)  # type: ignore[arg-type]
-        buf.extend(made)  # type: ignore[arg-type]  # plain 4-tuples, LogLine-compatible
-        self.all_logs.extend(made)  # type: ignore[arg-type]
-        if batch.live is True:
-            if made:
-                row = (buf.total_appended - 1, self.all_logs.total_appended - 1)
-            if row is not None:
-                self._inplace.hold(batch, row)
+        rows: list[tuple[int, int]] = []  # where each line of the batch is
+        if held:
+            for row, line in zip(held, made):
+                buf.replace(row[0], line)  # type: ignore[arg-type]
+                self.all_logs.replace(row[1], line)  # type: ignore[arg-type]
+            rows = held[:len(made)]
+            spare = held[len(made):]
+            if spare:  # the block shrank: its other rows are blank now
+                blank = (made[-1][0] if made else ms, rank, stream, "")
+                for row in spare:
+                    buf.replace(row[0], blank)  # type: ignore[arg-type]
+                    self.all_logs.replace(row[1], blank)  # type: ignore[arg-type]
+            rest = made[len(held):]
+        else:
+            spare = []
+            rest = made
+        if rest:
+            b0, a0 = buf.total_appended, self.all_logs.total_appended
+            buf.extend(rest)  # type: ignore[arg-type]  # plain 4-tuples, LogLine-compatible
+            self.all_logs.extend(rest)  # type: ignore[arg-type]
+            if live:
+                rows += [(b0 + i, a0 + i) for i in range(len(rest))]
+        if live:
+            self._inplace.hold(batch, rows[len(made) - live:] + spare)
         rs = self.ranks.get(rank)
         if rs is None:
             # Lines can arrive before the workers_started event (different streams).

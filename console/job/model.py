@@ -78,6 +78,9 @@ class RankState:
     rss: int | None = None  # bytes
     threads: int | None = None
     last_line_ms: int = 0  # server ms of its last log line
+    #: Server ms of its exit (exited, failed, stopped): its QUIET stops counting there. 0 while
+    #: it runs.
+    ended_ms: int = 0
     # Plain doubles, RESOURCE_HISTORY at most (_push): as deques of Python numbers the samples
     # of 32,768 ranks took 382 MiB, as arrays 64 (issue 21: the console in 1 GiB).
     cpu_history: array[float] = field(default_factory=lambda: array("d"))

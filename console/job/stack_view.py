@@ -27,6 +27,7 @@ from elastic_agent.coordination.wire.stack_dumps import (
 from elastic_agent.coordination.wire.stack_replies import (
     BLOCK_MS,
     current_round,
+    read_round,
     read_stack_replies,
     request_stacks,
 )
@@ -76,10 +77,11 @@ def _client(endpoint: Endpoint) -> Any:
 
 
 async def job_round(endpoint: Endpoint, job_id: str) -> RoundInfo | None:
-    """The job's current round (which ranks exist, on which nodes), or None."""
+    """The job's current round (which ranks exist, on which nodes), or None; raises
+    ``ProtocolError`` for a round record that does not decode."""
     client = _client(endpoint)
     try:
-        return await current_round(client, job_id)
+        return await read_round(client, job_id)
     finally:
         await client.aclose()
 

@@ -41,8 +41,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_agent.coordination.wire.event_records import Event
+from elastic_agent.coordination.wire.event_records import Event, EventType
 from elastic_agent.coordination.wire.log_records import LogBatch
+from elastic_agent.coordination.wire.metric_records import MetricsEntry
 from elastic_agent.coordination.wire.protocol import MAX_NAME_CHARS, is_rank
 from elastic_agent.coordination.wire.text import sanitize
 
@@ -51,6 +52,7 @@ from .fields import _clip, _detail, _float, _host, _int, _s
 from .inplace import InPlaceRows
 from .log_fold import BatchDeduper, LogFold
 from .logbuffer import LogBuffer, LogRing
+from .metrics import JobMetrics
 from .model import (
     FINAL_STATES,
     JOINED,
@@ -140,6 +142,9 @@ class JobView(EventFold, LogFold):
         self.root_cause: dict[str, Any] | None = None
         #: The newest ``straggler`` event's ranks: [{rank, host, ratio}] (issue 22).
         self.stragglers: list[dict[str, Any]] = []
+        #: The earliest ``nan`` event: {rank, step, metric, value, host, node, attempt,
+        #: server_ms} of the first rank whose metric became NaN or infinite (None: none).
+        self.first_nan: dict[str, Any] | None = None
         self.created_ms: int | None = None
         self.connected: bool = False
         self.endpoint: str = ""
@@ -164,6 +169,9 @@ class JobView(EventFold, LogFold):
         self.logs: dict[int, LogRing] = {}
         self.all_logs: LogBuffer = LogBuffer(self.all_scrollback)
         self.lines_dropped: int = 0
+        #: The training metrics (console/job/metrics.py): each rank's latest step and values,
+        #: the curves; fed by the metrics stream, the resource samples and restart events.
+        self.metrics = JobMetrics()
         # -- bookkeeping
         self.version: int = 0
         self.ignored: int = 0  # malformed or foreign records skipped by this fold
@@ -263,10 +271,25 @@ class JobView(EventFold, LogFold):
             self.apply_event(record)
         elif isinstance(record, ConnectionChange):
             self.set_connection(record.connected, self.endpoint, record.error)
+        elif isinstance(record, MetricsEntry):
+            self.metrics.apply_entry(record)
+            self.version += 1
         elif isinstance(record, Skipped):
             self.note_skipped(record.total)
         else:
             self.ignored += 1
+
+    def apply_event(self, ev: Event) -> None:
+        """:meth:`EventFold.apply_event`, and what the metrics take of it: a restart is a
+        marker on the curves, a round's world size bounds the ranks they keep."""
+        super().apply_event(ev)
+        kind = getattr(ev, "type", None)
+        if kind == EventType.RESTARTING:
+            reason = ev.data.get("reason") if isinstance(ev.data, dict) else None
+            self.metrics.note_restart(ev.server_ms, self.round,
+                                      reason if isinstance(reason, str) else "")
+        elif kind == EventType.RENDEZVOUS_COMPLETE and self.world_size is not None:
+            self.metrics.set_world(self.world_size)
 
     def note_skipped(self, total: int) -> None:
         """The client's count of records it could not read (see :class:`Skipped`)."""
@@ -337,6 +360,7 @@ class JobView(EventFold, LogFold):
             if rss is not None:
                 rs.rss = rss
                 _push(rs.rss_history, rss)
+            self.metrics.apply_sample(rank, sample)
             changed = True
         if changed:
             self.version += 1

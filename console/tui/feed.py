@@ -40,6 +40,7 @@ from textual import work
 from textual.worker import Worker, WorkerState
 
 from elastic_agent.coordination.transport.connection import RedisUnavailableError
+from elastic_agent.coordination.wire.metric_records import MetricsEntry
 
 from ..job.client import RESOURCES_PER_SLICE, ConnectionChange, JobClient
 from ..job.state import RANK_LINES_TOTAL, SCROLLBACK_FLOOR
@@ -52,6 +53,12 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 1.0  # resource samples are written once a second
 META_EVERY = 5  # meta hash: every fifth poll
+METRICS_HISTORY_EVERY = 30  # the metrics' history hash: every 30th poll (written every 30 s)
+#: ...every 10th when it is the only aggregate (a big job: _metrics_scope), so that it lags
+#: the agents' writes by 10 s at most.
+METRICS_HISTORY_EVERY_SCOPED = 10
+#: Ranks up to which every node's metrics entries are decoded (see _metrics_scope).
+METRICS_ALL_RANKS = 2_048
 #: Resource samples are read on every poll up to this many ranks, on every k-th beyond
 #: (resource_polls_every): reading and folding 32,768 samples costs ~0.25 s of CPU, a quarter of
 #: a core taken from the log reader every second.
@@ -131,6 +138,7 @@ class JobFeed:
             self.connect_error = ""
             view.apply_meta(meta)
             view.note_skipped(client.skipped)
+            streams_note = self._note_streams(client, None)
             view.set_connection(True, self.endpoint_display)
             for records in (events, batches):
                 for i in range(0, len(records), FOLD_SLICE):
@@ -138,11 +146,21 @@ class JobFeed:
                     await asyncio.sleep(0)  # let the UI draw and take keys between slices
                     await self.input_gate.pause()
                 self._fit_scrollback()  # the ranks are known from the events: before the lines
+            # The metrics stream's newest entries (its cursor: follow reads it from there)
+            # and the whole run's curves from before (console/job/metrics.py); after the
+            # events, which say how big the job is and where rank 0 runs (_metrics_scope).
+            self._metrics_scope()
+            recent, curves = await self._read_metrics(client)
+            for i in range(0, len(recent), FOLD_SLICE):
+                view.apply_many(recent[i:i + FOLD_SLICE])
+                await asyncio.sleep(0)
+                await self.input_gate.pause()
+            view.metrics.apply_history(curves)
             self.loaded = True
             self.post_message(HistoryLoaded(len(events), view.lines_total))
             # The decoded history is folded in: let it go, or every full collection walks it
             # for the app's whole life (bench/console_bench.py: 300+ ms pauses).
-            del events, batches, records
+            del events, batches, records, recent, curves
             if self.gc_policy is not None:
                 self.gc_policy.settle()
         while True:
@@ -161,6 +179,8 @@ class JobFeed:
                         continue
                     if self.reader_error:
                         self.reader_error = ""
+                    if client.streams_note is not streams_note:  # re-read every few seconds
+                        streams_note = self._note_streams(client, streams_note)
                     # A read holds up to READ_COUNT entries of every stream: folded in
                     # slices, so a key waits for one slice at most, not the whole read.
                     for i in range(0, len(records), LIVE_FOLD_SLICE):
@@ -180,6 +200,47 @@ class JobFeed:
                 logger.exception("the reader failed")
                 self.post_message(ReaderFailed(f"internal error: {type(exc).__name__}: {exc}"))
                 await asyncio.sleep(REFUSED_RETRY_S)
+
+    async def _read_metrics(self, client: JobClient) -> tuple[list[MetricsEntry], dict[str, bytes]]:
+        """The metrics stream's newest entries and the history hash, retried while Redis
+        cannot be reached (the stream's cursor must be set before following starts)."""
+        delay = RETRY_START_S
+        while True:
+            try:
+                recent = await client.metrics_recent()
+                return recent, await client.metrics_history(_names_in(recent))
+            except RedisUnavailableError as exc:
+                self.connect_error = str(exc)
+                await asyncio.sleep(delay)  # retry backoff while Redis cannot be reached
+                delay = min(delay * 2, RETRY_MAX_S)
+
+    def _metrics_scope(self) -> None:
+        """What of the metrics stream the reader decodes: every node's entries up to
+        METRICS_ALL_RANKS ranks; beyond, those of rank 0's and the chosen ranks' nodes only,
+        the aggregate then being the agents' (bench/metrics_fold_bench.py: every entry of
+        32,768 ranks is more than a core to decode and fold)."""
+        client, view = self.client, self.view
+        if client is None:
+            return
+        metrics = view.metrics
+        if len(view.ranks) <= METRICS_ALL_RANKS:
+            client.metrics_nodes, metrics.live_aggregate = None, True
+            return
+        ranks = view.ranks
+        client.metrics_nodes = {ranks[r].node for r in (0, *metrics.chosen)
+                                if r in ranks and ranks[r].node}
+        if metrics.live_aggregate:
+            metrics.live_aggregate = False
+            metrics.version += 1
+
+    def _note_streams(self, client: JobClient, shown: str | None) -> str | None:
+        """A timeline note when the job's set of log streams comes to hold more names than
+        the client reads (``JobClient.streams_note``): once, not at every re-read of a set a
+        writer keeps growing; returns the note now."""
+        note = client.streams_note
+        if note is not None and shown is None:
+            self.view.add_note(self.now_ms(), "logs", note)
+        return note
 
     def _fit_scrollback(self) -> None:
         """The lines each rank's ring keeps: ``--scrollback``, or less when the job has so many
@@ -225,6 +286,15 @@ class JobFeed:
                 if n % META_EVERY == 0:
                     view.apply_meta(await client.meta())
                     view.apply_liveness(*await client.liveness())
+                if self.loaded:
+                    self._metrics_scope()
+                every = (METRICS_HISTORY_EVERY if view.metrics.live_aggregate
+                         else METRICS_HISTORY_EVERY_SCOPED)
+                if n and n % every == 0 and self.loaded:
+                    # The agent rewrites the history every 30 s: the curves' older part (and,
+                    # for a big job, its aggregate).
+                    curves = await client.metrics_history(view.metrics.names)
+                    view.metrics.apply_history(curves)
             n += 1
             await asyncio.sleep(POLL_S)  # samples are written once a second
 
@@ -299,6 +369,16 @@ class JobFeed:
         self.write_denied = "" if message.allowed else (message.reason or "not allowed")
         self._refresh_blocks(force=True)
         self._tick(force=True)
+
+
+def _names_in(entries: list[MetricsEntry]) -> list[str]:
+    """The metric names of the newest entries (the history hash's fields, if it holds too
+    many to read whole)."""
+    names: dict[str, None] = {}
+    for entry in entries[-64:]:
+        for p in entry.points:
+            names.update(dict.fromkeys(p.values))
+    return list(names)
 
 
 def resource_polls_every(ranks: int) -> int:

@@ -3,11 +3,11 @@
 
 From the job screen: ``esc`` the list of jobs (:mod:`~elastic_console.tui.home`; it first
 closes the log filter), ``:`` or a digit typed in the rank table a rank or a host to go to,
-``d`` every rank's stacks, ``p`` the previous attempt's logs, ``enter`` on the timeline the
-entry in full (or the stacks or the attempt it points to), ``?`` the help (its table is
-:data:`KEY_HELP`), ``ctrl+p`` every command by name (``get_system_commands``); and the rank
-table's own keys (``o``/``O`` sort, ``n`` by node). The keys themselves are the app's
-``BINDINGS`` (app.py).
+``d`` every rank's stacks, ``m`` the training metrics' charts, ``p`` the previous attempt's
+logs, ``enter`` on the timeline the entry in full (or the stacks or the attempt it points
+to), ``?`` the help (its table is :data:`KEY_HELP`), ``ctrl+p`` every command by name
+(``get_system_commands``); and the rank table's own keys (``o``/``O`` sort, ``n`` by node).
+The keys themselves are the app's ``BINDINGS`` (app.py).
 
 What it uses of the app: ``client``, ``view``, ``job_id``, ``loaded``, ``endpoint_display``,
 ``all_ranks``, ``selected_rank``, ``utc``, ``cursor_blink``, ``main_screen``, the widgets, and
@@ -32,6 +32,7 @@ from .widgets.attempt_logs import AttemptLogsScreen
 from .widgets.dialogs import DetailScreen
 from .widgets.goto import GotoScreen
 from .widgets.help import HelpScreen, KeyHelp
+from .widgets.metrics_screen import MetricsScreen
 from .widgets.rank_table import RankTable
 from .widgets.stacks import StacksScreen
 
@@ -46,6 +47,8 @@ KEY_HELP: tuple[tuple[str, str, str, str | None], ...] = (
     ("Job", "d", "every rank's Python stacks, identical ones grouped, odd ones first "
      "(no confirm; sends a stacks request, so not with --read-only)", None),
     ("Job", "q", "detach (the job keeps running)", None),
+    ("Job", "m", "training metrics: one chart per metric (loss first), rank 0, the median "
+     "with the min-max band, chosen ranks; n/p metric, t step/time, 0 a c x curves", None),
     ("Logs", "/", "filter lines by regex (smart case); enter keeps it, esc clears it", None),
     ("Logs", "a", "all ranks interleaved / the selected rank only", None),
     ("Logs", "u", "a line many ranks printed, once: ×N ranks [0-511] (all ranks view)", None),
@@ -65,7 +68,9 @@ KEY_HELP: tuple[tuple[str, str, str, str | None], ...] = (
      "n or enter on a node: back to its ranks (the cursor on its worst one)", None),
     ("Ranks", ":  0-9", "go to a rank (its number) or a host or node (its name, or the start "
      "of it); a digit typed in the table starts the number", None),
-    ("Ranks", "", "QUIET: time since the rank's last log line; EXIT: code or signal", None),
+    ("Ranks", "", "QUIET: time since the rank's last log line (until it exited); EXIT: code "
+     "or signal; STEP, STEPS/S: its training step and rate, the slowest rank's STEP "
+     "highlighted (shown once a rank prints steps)", None),
     ("Timeline", "↑↓ j k", "move in the timeline", None),
     ("Timeline", "enter", "the entry in full (a failure's traceback; a stall's stacks; a "
      "restart: the logs of the attempt it ended)", None),
@@ -168,6 +173,12 @@ class Navigation:
         ep = self.client.endpoint if self.client is not None else None
         self.push_screen(StacksScreen(ep, self.job_id, request_id=request_id, rank=rank))
 
+    def action_metrics(self) -> None:
+        """``m``: the training curves (widgets/metrics_screen.py)."""
+        if self.screen is not self.main_screen:
+            return
+        self.push_screen(MetricsScreen(utc=self.utc, cursor_blink=self.cursor_blink))
+
     def action_previous_attempt(self) -> None:
         """``p``: the logs of the attempt before the current one (k9s's previous logs)."""
         if self.screen is not self.main_screen:
@@ -217,6 +228,8 @@ class Navigation:
              self.action_kill_rank),
             ("Python stacks of every rank", "d: grouped, odd ones first (read-only)",
              self.action_stacks),
+            ("Training metrics: charts", "m: loss first, by step or time, rank 0, median, "
+             "chosen ranks", self.action_metrics),
             ("Filter the logs", "/: by regular expression", self.action_filter),
             ("Logs: all ranks / selected rank", "a", self.action_toggle_all),
             ("Logs: identical lines of many ranks once", "u", self.action_toggle_unique),

@@ -50,7 +50,8 @@ async def request_collectives(client: Any, job_id: str, issuer: str, rank: int |
                               on_reply: Callable[[int, int], None] | None = None,
                               ) -> tuple[str, list[RankTrace]]:
     """Send a ``collectives`` command and collect the replies: ``(request_id, traces by
-    rank)``. Raises redis errors and OSError for the caller to word."""
+    rank)``. Raises redis errors and OSError for the caller to word, ``ProtocolError`` for
+    every rank of a round too large to collect (``stack_replies.check_request_size``)."""
     request_id, info, since, since_event, nodes = await send_request(
         client, job_id, issuer, CommandType.COLLECTIVES, rank)
     traces = await read_collective_replies(

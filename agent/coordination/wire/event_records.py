@@ -78,6 +78,10 @@ class EventType:
     # that spent at least `threshold` times the job's median share of their time outside
     # collectives (computing) for two windows in a row (supervision/diagnosis/stragglers.py, issue 22)
     STRAGGLER = "straggler"
+    # rank, step, metric, value ("nan", "inf" or "-inf"), node, host, attempt (the round),
+    # policy (observe|stop): the first non-finite value a rank printed in an attempt, read
+    # from its output (supervision/diagnosis/metrics.py); one per rank and attempt
+    NAN = "nan"
 
     ALL = frozenset(
         {
@@ -85,7 +89,7 @@ class EventType:
             WORKER_EXITED, GROUP_FAILED, RESTARTING, WORKERS_STOPPED, JOB_SUCCEEDED,
             JOB_FAILED, JOB_STOPPED, COMMAND_ACK, LOGS_DROPPED, REDIS_STOPPING,
             WORKER_TIMER_EXPIRED, STALLED, RESTART_STORM, SUSPECT_NODE, NO_PROGRESS,
-            NODE_EXCLUDED, JOB_REQUEUED, STRAGGLER,
+            NODE_EXCLUDED, JOB_REQUEUED, STRAGGLER, NAN,
         }
     )
 

@@ -249,6 +249,42 @@ class JobKeys:
         return self._k("resources")
 
     @property
+    def metrics(self) -> str:
+        """Stream: the training metrics read from the workers' output, one entry per node and
+        interval (``encode_metrics_entry``), trimmed ``MAXLEN ~``."""
+        return self._k("metrics")
+
+    @property
+    def metrics_history(self) -> str:
+        """Hash: series name (``rank0/loss``, ``median/loss``, ``min/loss``, ``max/loss``) ->
+        ``Series.encode()``: the whole run's curves, written by group rank 0's agent."""
+        return self._k("metrics:history")
+
+    @property
+    def metrics_steps(self) -> str:
+        """Hash: round -> the highest step any rank named in that round (a decimal), raised
+        by each node in its metrics script call; rounds beyond the newest 79 or 80 fold into
+        the field ``base`` (the highest of them). Read by the claimer of a round's restart:
+        "no progress" by steps (supervision/diagnosis/restart_patterns.py)."""
+        return self._k("metrics:steps")
+
+    def metrics_latest(self, name: str, round_: int) -> str:
+        """Sorted set: global rank -> that rank's latest finite value of metric ``name`` (a
+        name as ``metric_records.NAME_RE`` allows) in round ``round_``, written by each node
+        with its points (ZADD of its own ranks), read by the host of global rank 0 by index
+        (min, median, max: O(log N)). One per round, so that ranks of an earlier, larger
+        round never count; each expires 30 s after its last write."""
+        return self._k(f"metrics:latest:{int(round_)}:{name}")
+
+    @property
+    def host_proof(self) -> str:
+        """String: written by the agent that hosts the job's Redis under SLURM, a value
+        derived from the job's secret; the other nodes read it before they write anything,
+        so a server that does not know the secret is never taken for the job's
+        (supervision/hosting/slurm_redis.py)."""
+        return self._k("host_proof")
+
+    @property
     def lease(self) -> str:
         """String with a TTL: which agent renews the TTL of the job's keys this interval
         (see supervision/records/retention.py)."""
@@ -332,6 +368,12 @@ class JobKeys:
     def store_notify(self, namespace: str) -> str:
         """Stream: the names of keys written in a store namespace (wakes blocked waits)."""
         return self._k(f"store:{namespace}:notify")
+
+    def store_queue(self, namespace: str, queue: str) -> str:
+        """List: one queue of a store namespace (``queue_push``/``queue_pop``), oldest first.
+        The namespace's length comes first so that no (namespace, queue) pair names the key of
+        another, whatever either holds; ``store-queue:`` is no ``store:`` key either."""
+        return self._k(f"store-queue:{len(namespace)}:{namespace}:{queue}")
 
     def all_key_patterns(self) -> list[str]:
         """SCAN patterns that together match every key in the job's slot (for clean-up): all

@@ -35,6 +35,11 @@ MAX_LOG_ENTRY_BYTES = 4 * 1024 * 1024
 STDOUT = "out"
 STDERR = "err"
 
+#: The longest live block a reader takes (a worker's terminal is at most this many rows).
+MAX_LIVE_LINES = 1000
+#: The oldest first byte an age may name (ms): a line may wait a year for its newline.
+MAX_AGE_MS = 366 * 86_400_000
+
 
 class LogBatch(NamedTuple):
     """Consecutive lines of one worker's stdout or stderr.
@@ -46,9 +51,17 @@ class LogBatch(NamedTuple):
     ``seq`` numbers a worker's batches within an attempt, so a reader can drop the
     duplicate a retried XADD may write (Redis 7 has no idempotent XADD).
 
-    ``live``: the last line is not finished: it is the latest frame of a line the worker
-    redraws in place with ``\r`` (a progress bar). The first line of the stream's next
-    batch (``seq + 1``) is that same line again, newer or final: it replaces it.
+    ``live``: how many of the last lines are not finished: the stream's *live block*, what
+    the worker still redraws in place (a bar redrawn with ``\r``: one line; a display that
+    moves the cursor up, such as Rich's, several). The first ``live`` lines of the stream's
+    next batch (``seq + 1``) take those rows, newer or final: they replace the block (rows it
+    has no line for are left blank). An entry written as ``live=1`` by an older agent reads
+    as one live line, as it always did.
+
+    ``age`` and ``live_age``: how many milliseconds before the entry was written (its id)
+    the first byte of the batch's first line, and of its live block, was printed. A line
+    redrawn for a minute keeps the time it started: a reader stamps it ``server_ms - age``
+    (durations only: no host clock is compared with Redis's).
     """
 
     node: str
@@ -59,16 +72,29 @@ class LogBatch(NamedTuple):
     seq: int
     lines: list[str]
     id: str = ""
-    live: bool = False
+    live: int = 0
+    age: int = 0
+    live_age: int = 0
 
     @property
     def server_ms(self) -> int:
         return stream_id_ms(self.id)
 
+    def line_times(self) -> list[int]:
+        """The server ms of each line: its first byte's time, as well as it is known. The
+        first line and the live block have their own; a line between them was printed after
+        the first and before the block (or the entry): it gets the latest time that keeps
+        that order."""
+        ms = self.server_ms
+        first = max(0, ms - self.age)
+        later = max(first, ms - self.live_age) if self.live else ms
+        return [first] + [later] * (len(self.lines) - 1)
+
 
 def encode_log_batch(batch: LogBatch) -> dict[str, str]:
     """Encode a batch as stream fields; lines are joined with newlines (a line has none).
-    ``live`` adds ``live=1`` (a reader that does not know the field shows the frame as a line)."""
+    ``live`` adds ``live=N`` (a reader that does not know the field shows the frames as
+    lines), ``age`` and ``live_age`` the fields ``age`` and ``lage`` when not 0."""
     fields = {
         "v": str(PROTOCOL_VERSION),
         "node": batch.node,
@@ -80,7 +106,11 @@ def encode_log_batch(batch: LogBatch) -> dict[str, str]:
         "lines": "\n".join(batch.lines),
     }
     if batch.live:
-        fields["live"] = "1"
+        fields["live"] = str(int(batch.live))
+    if batch.age:
+        fields["age"] = str(batch.age)
+    if batch.live_age:
+        fields["lage"] = str(batch.live_age)
     return fields
 
 
@@ -106,7 +136,9 @@ def decode_log_batch(entry_id: str | bytes, fields: Mapping[Any, Any]) -> LogBat
                 seq=_small_int(get(b"seq", b"0")),
                 lines=raw_lines.decode("utf-8", "replace").split("\n"),
                 id=_str(entry_id),
-                live=_LIVE[get(b"live", b"0")],
+                live=_count(get(b"live", b"0")),
+                age=_count(get(b"age", b"0"), MAX_AGE_MS),
+                live_age=_count(get(b"lage", b"0"), MAX_AGE_MS),
             )
         else:
             f = _strs(fields)
@@ -123,11 +155,14 @@ def decode_log_batch(entry_id: str | bytes, fields: Mapping[Any, Any]) -> LogBat
                 seq=_small_int(f.get("seq", "0")),
                 lines=f["lines"].split("\n"),
                 id=_str(entry_id),
-                live=_LIVE[f.get("live", "0").encode()],
+                live=_count(f.get("live", "0").encode()),
+                age=_count(f.get("age", "0").encode(), MAX_AGE_MS),
+                live_age=_count(f.get("lage", "0").encode(), MAX_AGE_MS),
             )
     except (KeyError, ValueError, TypeError, AttributeError):
         return None
-    if not is_rank(batch.rank) or batch.attempt < 0 or batch.seq < 0 or batch.local_rank < -1:
+    if (not is_rank(batch.rank) or batch.attempt < 0 or batch.seq < 0 or batch.local_rank < -1
+            or batch.live > len(batch.lines)):
         return None
     return batch
 
@@ -141,20 +176,31 @@ def encode_node_log_entry(node: str, batches: Sequence[LogBatch]) -> dict[str, s
     ~50k one-line entries a second for 4,096 ranks printing ~12 lines/s each; now ~5k.
 
     Fields: ``v``, ``node``, ``parts`` (JSON: one ``[rank, local_rank, attempt, stream, seq,
-    lines, live]`` per batch, in order; ``lines`` counts its lines, at least one) and
-    ``lines`` (every batch's lines, in the same order, joined with newlines). Each batch keeps
-    its own ``seq`` and ``live`` (:class:`LogBatch`): readers dedupe and redraw per worker
-    stream exactly as with one entry per batch.
+    lines, live]`` per batch, in order; ``lines`` counts its lines, at least one; ``live`` 1
+    if the batch ends with a live block, else 0), ``lines`` (every batch's lines, in the same
+    order, joined with newlines) and, when a batch has a live block of more than one line or
+    an age, ``ext`` (JSON: one ``[live, age, live_age]`` per batch: the size of its live
+    block and its ages, :class:`LogBatch`). A reader that does not know ``ext`` reads a live
+    block as its last line only. Each batch keeps its own ``seq`` and ``live``: readers
+    dedupe and redraw per worker stream exactly as with one entry per batch.
     """
     parts: list[list[Any]] = []
     texts: list[str] = []
+    ext: list[list[int]] = []
+    extended = False
     for b in batches:
         text = "\n".join(b.lines)
         texts.append(text)
+        live = int(b.live)
         parts.append([b.rank, b.local_rank, b.attempt, b.stream, b.seq, text.count("\n") + 1,
-                      1 if b.live else 0])
-    return {"v": str(PROTOCOL_VERSION), "node": node,
-            "parts": json.dumps(parts, separators=(",", ":")), "lines": "\n".join(texts)}
+                      1 if live else 0])
+        ext.append([live, b.age, b.live_age])
+        extended = extended or live > 1 or b.age > 0 or b.live_age > 0
+    fields = {"v": str(PROTOCOL_VERSION), "node": node,
+              "parts": json.dumps(parts, separators=(",", ":")), "lines": "\n".join(texts)}
+    if extended:
+        fields["ext"] = json.dumps(ext, separators=(",", ":"))
+    return fields
 
 
 def decode_log_entries(entry_id: str | bytes, fields: Mapping[Any, Any]) -> list[LogBatch] | None:
@@ -169,14 +215,16 @@ def decode_log_entries(entry_id: str | bytes, fields: Mapping[Any, Any]) -> list
         if parts is None:
             batch = decode_log_batch(entry_id, fields)
             return None if batch is None else [batch]
-        return _node_batches(entry_id, field("v"), field("node"), parts, field("lines"))
+        return _node_batches(entry_id, field("v"), field("node"), parts, field("lines"),
+                             field("ext"))
     except TypeError:  # an unhashable name
         return None
 
 
 def _node_batches(entry_id: Any, v: Any, node_raw: Any, parts_raw: Any,
-                  lines_raw: Any) -> list[LogBatch] | None:
-    """A node entry's batches from its raw fields (bytes or str); None if malformed."""
+                  lines_raw: Any, ext_raw: Any = None) -> list[LogBatch] | None:
+    """A node entry's batches from its raw fields (bytes or str); None if malformed. A
+    malformed ``ext`` is ignored (the batches read as an older agent's)."""
     try:
         if (_str(v) not in _SUPPORTED_V_STR or len(node_raw) > MAX_NAME_CHARS
                 or len(lines_raw) > MAX_LOG_ENTRY_BYTES or len(parts_raw) > MAX_LOG_ENTRY_BYTES):
@@ -203,16 +251,41 @@ def _node_batches(entry_id: Any, v: Any, node_raw: Any, parts_raw: Any,
                     and (live == 0 or live == 1) and type(live) is int):
                 return None
             out.append(make(LogBatch, (node, rank, lrank, attempt, STDOUT if stream == STDOUT
-                                       else STDERR, seq, lines[at:at + n], eid, live == 1)))
+                                       else STDERR, seq, lines[at:at + n], eid, live, 0, 0)))
             at += n
     except (TypeError, ValueError, AttributeError, RecursionError):
         return None
-    return out if at == len(lines) else None
+    if at != len(lines):
+        return None
+    if ext_raw is not None:
+        _extend(out, ext_raw)
+    return out
+
+
+def _extend(batches: list[LogBatch], ext_raw: Any) -> None:
+    """Apply a node entry's ``ext`` (live block sizes, ages) to its batches, in place; a
+    malformed one is ignored as a whole."""
+    try:
+        if len(ext_raw) > MAX_LOG_ENTRY_BYTES:
+            return
+        ext = _loads(ext_raw)
+    except (TypeError, ValueError, RecursionError):
+        return
+    if type(ext) is not list or len(ext) != len(batches):
+        return
+    for e, b in zip(ext, batches):
+        if not (type(e) is list and len(e) == 3 and all(type(x) is int for x in e)
+                and (e[0] >= 1) == (b.live >= 1) and 0 <= e[0] <= len(b.lines)
+                and 0 <= e[1] <= MAX_AGE_MS and 0 <= e[2] <= MAX_AGE_MS):
+            return
+    for i, (e, b) in enumerate(zip(ext, batches)):
+        batches[i] = tuple.__new__(LogBatch, (*b[:8], e[0], e[1], e[2]))
 
 #: A log entry's field names as encode_log_batch writes them, in its order (``live`` after).
 _LOG_FIELDS = [b"v", b"node", b"rank", b"lrank", b"attempt", b"s", b"seq", b"lines"]
-#: ... and as encode_node_log_entry writes them.
+#: ... and as encode_node_log_entry writes them (with ``ext`` when it has one).
 _NODE_LOG_FIELDS = [b"v", b"node", b"parts", b"lines"]
+_NODE_LOG_EXT_FIELDS = [*_NODE_LOG_FIELDS, b"ext"]
 
 
 def decode_log_entry(entry_id: str | bytes, flat: list[Any]) -> LogBatch | None:
@@ -236,10 +309,11 @@ def decode_log_entry(entry_id: str | bytes, flat: list[Any]) -> LogBatch | None:
         batch = LogBatch(node_b.decode("utf-8", "replace"), int(rank_b), int(lrank_b),
                          int(attempt_b), stream, int(seq_b),
                          lines_b.decode("utf-8", "replace").split("\n"), _str(entry_id),
-                         n == 18 and _LIVE[flat[17]])
+                         _count(flat[17]) if n == 18 else 0)
     except (KeyError, ValueError, TypeError, AttributeError, IndexError):
         return None
-    if not is_rank(batch.rank) or batch.attempt < 0 or batch.seq < 0 or batch.local_rank < -1:
+    if (not is_rank(batch.rank) or batch.attempt < 0 or batch.seq < 0 or batch.local_rank < -1
+            or batch.live > len(batch.lines)):
         return None
     return batch
 
@@ -280,6 +354,9 @@ class LogEntryDecoder:
                         or (n == 18 and flat[16] != b"live")):
                     if n == 8 and flat[0:8:2] == _NODE_LOG_FIELDS:  # an agent's node entry
                         many = _node_batches(entry_id, flat[1], flat[3], flat[5], flat[7])
+                    elif n == 10 and flat[0:10:2] == _NODE_LOG_EXT_FIELDS:  # ... with ext
+                        many = _node_batches(entry_id, flat[1], flat[3], flat[5], flat[7],
+                                             flat[9])
                     elif (n == 16 or n == 18) and flat[0:16:2] == _LOG_FIELDS:
                         batch = decode_log_entry(entry_id, flat)  # a worker stream's, new
                         many = None if batch is None else [batch]
@@ -298,14 +375,15 @@ class LogEntryDecoder:
                     refused += 1
                     continue
                 seq = int(seq_b)
-                if seq < 0:
+                live = _count(flat[17]) if n == 18 else 0
+                lines = lines_b.decode("utf-8", "replace").split("\n")
+                if seq < 0 or live > len(lines):
                     refused += 1
                     continue
                 out.append(make(LogBatch, (
-                    src[0], src[1], src[2], src[3], src[4], seq,
-                    lines_b.decode("utf-8", "replace").split("\n"),
+                    src[0], src[1], src[2], src[3], src[4], seq, lines,
                     entry_id.decode() if type(entry_id) is bytes else str(entry_id),
-                    n == 18 and _LIVE[flat[17]])))
+                    live, 0, 0)))
             except (KeyError, ValueError, TypeError, AttributeError, IndexError):
                 refused += 1
         return out, refused
@@ -321,7 +399,22 @@ class LogEntryDecoder:
 
 
 _LOG_STREAMS = {STDOUT.encode(): STDOUT, STDERR.encode(): STDERR}
-# ``live`` as written; any other value (KeyError, or TypeError if unhashable) skips the entry.
-_LIVE = {b"0": False, b"1": True}
+# ``live`` as usually written, looked up before any parsing.
+_LIVE = {b"0": 0, b"1": 1}
+
+
+def _count(raw: Any, limit: int = MAX_LIVE_LINES) -> int:
+    """A field holding a count from 0 to ``limit`` (``live``, an age), as bytes; anything
+    else raises (ValueError, or TypeError for a value that is not bytes): the entry is
+    skipped."""
+    found = _LIVE.get(raw) if type(raw) is bytes else None
+    if found is not None:
+        return found
+    if type(raw) is not bytes or not 0 < len(raw) <= 13 or not raw.isdigit():
+        raise ValueError("not a count")
+    n = int(raw)
+    if n > limit:
+        raise ValueError("out of range")
+    return n
 _SUPPORTED_V_BYTES = frozenset(str(v).encode() for v in SUPPORTED_VERSIONS)
 _SUPPORTED_V_STR = frozenset(str(v) for v in SUPPORTED_VERSIONS)

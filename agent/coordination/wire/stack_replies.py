@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from .command_records import Command, CommandType, encode_command
 from .event_records import EventType, decode_event
 from .keyspace import COMMANDS_MAXLEN, JobKeys
-from .protocol import ProtocolError, is_request_id
+from .protocol import MAX_RECORD_LIST, ProtocolError, is_request_id
 from .round_records import RoundInfo
 from .stack_dumps import RankStack, parse_faulthandler
 from .trace_records import StackReply, decode_stack_reply
@@ -35,6 +35,10 @@ T = TypeVar("T")
 READ_COUNT = 128
 #: The longest single block (the client's socket timeout must be longer).
 BLOCK_MS = 1000
+#: The most ranks one request waits for and keeps (the design's largest job, as every
+#: reader's bound on ranks): a round of more is refused before anything is sent (ask one
+#: rank), so a forged round record never makes a reader hold a table per rank.
+MAX_REQUEST_RANKS = MAX_RECORD_LIST
 
 
 def rank_stack(reply: StackReply) -> RankStack:
@@ -49,29 +53,32 @@ def rank_stack(reply: StackReply) -> RankStack:
     return RankStack(reply.rank, reply.node, reply.host, reply.pid, threads)
 
 
-async def current_round(client: Any, job_id: str) -> RoundInfo | None:
-    """The job's last completed rendezvous round, or None (no round, or an unreadable one)."""
+async def read_round(client: Any, job_id: str) -> RoundInfo | None:
+    """The job's last completed rendezvous round, None when there is none; raises
+    :class:`ProtocolError` for an unreadable one (``round_records.RoundInfo.decode`` bounds
+    its nodes and their workers)."""
     raw = await client.get(JobKeys(job_id).rdzv_round_info)
     if not raw:
         return None
+    return RoundInfo.decode(raw)
+
+
+async def current_round(client: Any, job_id: str) -> RoundInfo | None:
+    """:func:`read_round`, with None for an unreadable round too."""
     try:
-        return RoundInfo.decode(raw)
-    except (ProtocolError, ValueError, KeyError, TypeError):
+        return await read_round(client, job_id)
+    except ProtocolError:
         return None
 
 
-def hosts_by_rank(info: RoundInfo | None) -> dict[int, tuple[str, str]]:
-    """global rank -> (node, host) from the round's placement (nodes in group-rank order)."""
-    out: dict[int, tuple[str, str]] = {}
-    if info is None:
-        return out
-    base = 0
-    for n in info.nodes:
-        nproc = int(n.get("nproc", 0))
-        for r in range(base, min(base + nproc, base + 1_000_000)):
-            out[r] = (str(n.get("node", "")), str(n.get("host", "")))
-        base += nproc
-    return out
+def check_request_size(info: RoundInfo | None, rank: int | None) -> None:
+    """Raise :class:`ProtocolError` (one sentence for people) for a request of every rank
+    of a round of more than ``MAX_REQUEST_RANKS`` ranks: no reader waits for, or keeps, more
+    (a forged round record can claim 2**24)."""
+    if rank is None and info is not None and info.total_workers > MAX_REQUEST_RANKS:
+        raise ProtocolError(f"the job's round record claims {info.total_workers} ranks, more "
+                            f"than the {MAX_REQUEST_RANKS} one request collects: ask one rank "
+                            "(--rank N)")
 
 
 def _s(value: Any) -> str:
@@ -122,8 +129,8 @@ async def read_replies(client: Any, job_id: str, request_id: str, stream: str,
     deadline = loop.time() + max(0.0, timeout)
     if info is None:
         info = await current_round(client, job_id)
-    placement = hosts_by_rank(info)
     if expected_ranks is None:
+        check_request_size(info, None)
         wanted = set(range(info.total_workers)) if info is not None else set()
     else:
         wanted = set(expected_ranks)
@@ -171,7 +178,7 @@ async def read_replies(client: Any, job_id: str, request_id: str, stream: str,
                 break
             take(stream, entries)
     for rank in sorted(wanted - got.keys()):
-        node, host = placement.get(rank, ("", ""))
+        node, host = info.placement(rank) if info is not None else ("", "")
         why = ("its agent answered without it" if node and node in acked
                else f"no answer within {timeout:g} s")
         got[rank] = missing(rank, node, host, why)
@@ -182,9 +189,12 @@ async def send_request(client: Any, job_id: str, issuer: str, command_type: str,
                        rank: int | None = None,
                        ) -> tuple[str, RoundInfo | None, str, str, list[str] | None]:
     """Append a per-rank request command (``stacks``, ``collectives``): ``(request id, the
-    round, the stream's and the events' newest ids before it, the round's nodes)``."""
+    round, the stream's and the events' newest ids before it, the round's nodes)``. Raises
+    :class:`ProtocolError`, sending nothing, for every rank of a round too large to collect
+    (:func:`check_request_size`)."""
     keys = JobKeys(job_id)
     info = await current_round(client, job_id)
+    check_request_size(info, rank)  # before anything is written
     stream = keys.stacks if command_type == CommandType.STACKS else keys.collectives
     newest = await client.xrevrange(stream, count=1)
     since = _s(newest[0][0]) if newest else "0-0"
@@ -204,7 +214,8 @@ async def request_stacks(client: Any, job_id: str, issuer: str, rank: int | None
                          on_reply: Callable[[int, int], None] | None = None,
                          ) -> tuple[str, list[RankStack]]:
     """Send a ``stacks`` command (for one ``rank``, or every rank) and collect the replies:
-    ``(request_id, stacks by rank)``. Raises redis errors and OSError for the caller to word."""
+    ``(request_id, stacks by rank)``. Raises redis errors and OSError for the caller to word,
+    :class:`ProtocolError` for every rank of a round too large to collect."""
     request_id, info, since, since_event, nodes = await send_request(
         client, job_id, issuer, CommandType.STACKS, rank)
     stacks = await read_stack_replies(

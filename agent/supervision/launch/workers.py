@@ -47,7 +47,7 @@ from elastic_agent.coordination.wire import log_records
 from elastic_agent.supervision.launch import keeper, zygote
 from elastic_agent.supervision.records.logs import NodeLogs, WorkerLogs
 
-from . import probes
+from . import probes, ptys
 from .exits import (
     GroupResult,
     WorkerExit,
@@ -116,6 +116,8 @@ class WorkerGroup:
                  base_env: Mapping[str, str] | None = None) -> None:
         self.spec = spec
         self.logs = logs or NodeLogs()
+        if spec.worker_tty is not None:  # cursor-moving output is drawn on a terminal this big
+            self.logs.screen_size = spec.worker_tty
         self.on_exit = on_exit
         self._base_env = base_env
         #: --logs-specs: the environments the plugin's reify left, by local rank.
@@ -208,10 +210,14 @@ class WorkerGroup:
         added to ``write_ends``, which the caller closes once the keeper holds them)."""
         ends = []
         for stream in (log_records.STDOUT, log_records.STDERR):
-            read_end, write_end = os.pipe()
+            if self.spec.worker_tty is not None:  # --worker-tty: a terminal per stream
+                read_end, write_end, name = ptys.open_pty(self.spec.worker_tty)
+                w.pipe_ttys.add(name)
+            else:
+                read_end, write_end = os.pipe()
+                w.pipe_inodes.add(os.fstat(read_end).st_ino)
             write_ends.append(write_end)
             ends.append(write_end)
-            w.pipe_inodes.add(os.fstat(read_end).st_ino)
             pipe, _ = await loop.connect_read_pipe(
                 lambda w=w, stream=stream: _PipeProtocol(w.logs, stream),
                 open(read_end, "rb", buffering=0))  # noqa: SIM115 - the transport's
@@ -409,7 +415,8 @@ class WorkerGroup:
         loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair()
         argv = zygote.command(self.spec.entrypoint, self.preload, theirs.fileno(),
-                              auto=not self.spec.preload)
+                              auto=not self.spec.preload, job=self.spec.job_id,
+                              node=self.logs.node_id)
         if argv is None:
             ours.close()
             theirs.close()
@@ -749,7 +756,8 @@ class WorkerGroup:
                 # Someone we could not find by parentage or environment still holds a pipe:
                 # find it by the pipe itself, kill it, then give up on the pipe.
                 inodes = set().union(*(w.pipe_inodes for w in undrained))
-                holders = await asyncio.to_thread(pipe_holders, inodes)
+                ttys = set().union(*(w.pipe_ttys for w in undrained))
+                holders = await asyncio.to_thread(pipe_holders, inodes, ttys)
                 if holders:
                     log.warning("killing %d process(es) still holding worker output pipes",
                                 len(holders))

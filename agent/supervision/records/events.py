@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import psutil
 import redis.asyncio as aioredis
@@ -92,6 +92,19 @@ class RestartClock:
                 "phases_ms": {p: self.marks[p] for p in RESTART_PHASES if p in self.marks}}
 
 
+class SampleRider(Protocol):
+    """What rides with each resource sample, in the same round trip (the training metrics:
+    diagnosis/metrics_publish.py). :meth:`ride` queues this interval's writes on the
+    pipeline and says what to merge into each rank's sample and how many replies its writes
+    take; :meth:`landed` gets those replies (an error as an exception object), or the
+    exception when the whole round trip failed."""
+
+    def ride(self, pipe: Any, final: bool = False) -> tuple[Mapping[int, Mapping[str, Any]], int]:
+        ...
+
+    def landed(self, replies: list[Any] | BaseException) -> None: ...
+
+
 #: Seconds between two resource samples of a node: k9s refreshes every 2 s, htop every 1.5 s.
 #: One HSET of the node's ranks per sample: at 4,096 nodes, 2,048 writes a second to Redis
 #: (at 1 s they were as many as every other steady-state call of the job together).
@@ -101,19 +114,26 @@ SAMPLE_INTERVAL = 2.0
 class ResourceSampler:
     """Samples each worker's CPU %, RSS and threads every :data:`SAMPLE_INTERVAL` (GPU memory
     when ``nvidia-smi`` is there) into ``JobKeys.resources``: global rank -> latest JSON sample.
-    Cost per node: one O(ranks of the node) HSET per interval, whatever the job's size."""
+    Cost per node: one O(ranks of the node) HSET per interval, whatever the job's size.
+
+    ``rider`` (the training metrics) merges its fields into each rank's sample and queues its
+    own writes in the same pipeline: one round trip per interval either way."""
 
     def __init__(self, client: aioredis.Redis, job_id: str, node_id: str,
-                 interval: float = SAMPLE_INTERVAL) -> None:
+                 interval: float = SAMPLE_INTERVAL, rider: SampleRider | None = None) -> None:
         self._client = client
         self._key = JobKeys(job_id).resources
         self._node = node_id
         self.interval = interval
+        self.rider = rider
+        #: The rider's fields last written per rank (this attempt's ranks: reset by track).
+        self._merged: dict[int, Mapping[str, Any]] = {}
         self._procs: dict[int, psutil.Process] = {}
         self._nvidia_smi = shutil.which("nvidia-smi")
 
     def track(self, ranks_to_pids: Mapping[int, int]) -> None:
         self._procs = {}
+        self._merged = {}
         for rank, pid in ranks_to_pids.items():
             with contextlib.suppress(psutil.Error):
                 p = psutil.Process(pid)
@@ -166,15 +186,57 @@ class ResourceSampler:
         cadence = Cadence(self.interval)  # N nodes' samples spread over the interval
         while not stop():
             await asyncio.sleep(cadence.until_next())  # sampling is periodic by nature
-            samples = await self.collect()
-            if not samples:
-                continue
+            await self.publish(await self.collect())
+
+    async def final(self, rounds: int = 3) -> None:
+        """The agent exits: what the rider still holds goes now (a few round trips at most)."""
+        for _ in range(rounds):
+            if not await self.publish({}, final=True):
+                return
+
+    async def publish(self, samples: dict[int, dict[str, Any]], final: bool = False) -> bool:
+        """One interval's writes: the samples (HSET) and what the rider queues, pipelined;
+        nothing at all when neither has anything. ``final``: the agent's last, before it
+        exits (the rider writes what it would otherwise write later). Whether anything was
+        sent."""
+        pipe = self._client.pipeline(transaction=False)
+        riding = 0
+        if self.rider is not None:
             try:
-                await self._client.hset(self._key, mapping={
-                    str(rank): json.dumps(s, separators=(",", ":")) for rank, s in samples.items()
-                })
-            except Exception as exc:
-                log.debug("resource sample not written: %s", exc)
+                fields, riding = self.rider.ride(pipe, final)
+            except Exception:  # never fatal: the samples still go
+                log.exception("the metrics could not be prepared for this interval")
+                pipe, fields, riding = self._client.pipeline(transaction=False), {}, 0
+            for rank, extra in fields.items():
+                if rank in samples:
+                    samples[rank].update(extra)
+                elif self._merged.get(rank) != extra:
+                    # No sample (the worker exited): its last step and values still go, once.
+                    samples[rank] = {"rank": rank, "node": self._node, "ts": time.time(), **extra}
+            self._merged.update((rank, fields[rank]) for rank in samples if rank in fields)
+        if not samples and not riding:
+            return False
+        if samples:
+            pipe.hset(self._key, mapping={
+                str(rank): json.dumps(s, separators=(",", ":")) for rank, s in samples.items()
+            })
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except (Exception, asyncio.CancelledError) as exc:
+            log.debug("resource sample not written: %s", exc)
+            self._landed(riding, exc)  # the rider keeps what did not go (bounded)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return False
+        self._landed(riding, list(replies[:riding]))
+        return True
+
+    def _landed(self, riding: int, replies: list[Any] | BaseException) -> None:
+        if riding and self.rider is not None:
+            try:
+                self.rider.landed(replies)
+            except Exception:
+                log.exception("the metrics' replies could not be handled")
 
 
 def _cpu(p: psutil.Process) -> float:

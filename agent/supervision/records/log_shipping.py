@@ -7,15 +7,23 @@ batches of all the node's workers in one entry (:class:`NodeBatcher`), which wai
 :data:`LOG_LINGER` for more lines (fewer, fuller XADDs; an event sends it at once).
 
 Redis gets what a terminal shows, not the bytes: a line redrawn with ``\\r`` (a progress bar)
-is shipped as its last frame (``\\r\\n`` is an ordinary line end). While such a line is
-redrawn without a newline, its latest frame is shipped at most every
-:data:`LIVE_INTERVAL` seconds (the first :data:`LIVE_DELAY` after the redrawing starts) as
-the ``live`` last line of an entry; the line's next state (newer frame or final) is the first
-line of the stream's next entry, which replaces it. A bar redrawn 1,000 times a second costs
-at most ``1 / LIVE_INTERVAL`` entries a second; one finished within ``LIVE_DELAY`` costs
-nothing but its final line. Frames are whole writes: the text after the last ``\\r`` of what
-was read is taken as the frame, so a frame split across reads (a writer that does not flush
-per frame) can show half-drawn for one update.
+is shipped as its last frame (``\\r\\n`` is an ordinary line end). While a line is unfinished
+(redrawn, or waiting for its newline), its latest frame is shipped at most every
+:data:`LIVE_INTERVAL` seconds (the first :data:`LIVE_DELAY` after it started) as the stream's
+*live block*, the last line of an entry; the line's next state (newer frame or final) is the
+first line of the stream's next entry, which replaces it. Output that moves the cursor is
+rendered by a terminal emulator (screen.py) and handed here as finished lines and a live block
+of several rows, replaced the same way (:meth:`Shipper.rendered`). A bar redrawn 1,000 times
+a second costs at most ``1 / LIVE_INTERVAL`` entries a second; one finished within
+``LIVE_DELAY`` costs nothing but its final line. Frames are whole writes: the text after the
+last ``\\r`` of what was read is taken as the frame, so a frame split across reads (a writer
+that does not flush per frame) can show half-drawn for one update. A bar's frame followed by
+a write that starts with neither ``\\r`` nor ``\\n`` (a log line written under a tqdm bar) is
+ended first: two lines, not one glued.
+
+Every batch carries the ages of the first bytes of its first line and of its live block,
+taken when the entry is built (just before its XADD): readers stamp a line with the time it
+started, not the time it was finished (LogBatch).
 
 A line longer than ``max_line_bytes`` is shipped as its head, cut on a UTF-8 boundary, and a
 marker; only that head is ever kept, whatever a worker prints without a newline.
@@ -24,6 +32,8 @@ marker; only that head is ever kept, whatever a worker prints without a newline.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 from elastic_agent.coordination.wire import event_records, log_records
 from elastic_agent.coordination.wire.keyspace import JobKeys
@@ -56,24 +66,39 @@ class _Batch:
     """Lines of one worker stream waiting in the publisher: its part of a node's entry.
 
     ``segments`` are blocks of lines already joined by newlines: joining them with newlines
-    again gives exactly the stream's lines, without a per-line split.
+    again gives exactly the stream's lines, without a per-line split. ``live`` is the
+    stream's live block, not sent yet (sent after the segments; a newer state replaces it).
+    ``first_at`` and ``live_at`` are the monotonic times of the first bytes of the first line
+    and of the live block: their ages are taken when the entry is built, just before its
+    XADD.
     """
 
-    __slots__ = ("lines", "live", "segments", "shipper")
+    __slots__ = ("first_at", "lines", "live", "live_at", "segments", "shipper")
 
     def __init__(self, shipper: Shipper) -> None:
         self.shipper = shipper
         self.segments: list[str] = []
         self.lines = 0
-        self.live: str | None = None  # the latest frame of the unfinished line, sent last
+        self.live: list[str] | None = None
+        self.first_at: float | None = None
+        self.live_at = 0.0
 
     def batch(self) -> LogBatch:
         """The stream's next batch (numbered now: batches are numbered as they are sent)."""
         s = self.shipper
         s.seq += 1
-        lines = self.segments if self.live is None else [*self.segments, self.live]
+        now = time.monotonic()
+        live = self.live or []
+        s.held = len(live)
+        first = self.first_at if self.first_at is not None else now
         return LogBatch(node=s.node, rank=s.rank, local_rank=s.local_rank, attempt=s.attempt,
-                        stream=s.stream, seq=s.seq, lines=lines, live=self.live is not None)
+                        stream=s.stream, seq=s.seq, lines=[*self.segments, *live],
+                        live=len(live), age=_ms(now - first),
+                        live_age=_ms(now - self.live_at) if live else 0)
+
+
+def _ms(seconds: float) -> int:
+    return min(max(0, round(seconds * 1000)), log_records.MAX_AGE_MS)
 
 
 class _NodeEntry:
@@ -90,7 +115,7 @@ class _NodeEntry:
 
     @property
     def weight(self) -> int:
-        return sum(p.lines + (p.live is not None) for p in self.parts.values())
+        return sum(p.lines + len(p.live or ()) for p in self.parts.values())
 
     def build(self) -> dict[str, str]:
         return log_records.encode_node_log_entry(
@@ -131,6 +156,13 @@ class NodeBatcher:
             batch = entry.parts[shipper] = _Batch(shipper)
         return batch
 
+    def open_part(self, shipper: Shipper) -> _Batch | None:
+        """``shipper``'s part of the entry waiting in the publisher, if it has one there."""
+        entry, handle = self._entry, self._handle
+        if entry is None or handle is None or not handle.open:
+            return None
+        return entry.parts.get(shipper)
+
     def grow(self, nbytes: int) -> None:
         """``nbytes`` more in the entry :meth:`part` just gave a part of."""
         assert self._entry is not None and self._handle is not None
@@ -138,8 +170,19 @@ class NodeBatcher:
         self.publisher.grow(self._handle, nbytes)
 
 
+#: Where a stream rendered by a terminal emulator gets its live block from, when a timer ships
+#: it: ``() -> (rows, first byte's monotonic time)``.
+LiveSource = Callable[[], tuple[list[str], float]]
+
+
 class Shipper:
-    """Cuts one worker stream into lines and hands them to the publisher in batches."""
+    """Cuts one worker stream into lines and hands them to the publisher in batches.
+
+    Plain output is cut here (:meth:`feed`, bytes); output that moves the cursor is rendered
+    by a terminal emulator (records/screen.py) and handed over as finished lines and a live
+    block (:meth:`rendered`). Either way, what a reader holds as the stream's live block is
+    replaced by the first lines of its next batch.
+    """
 
     def __init__(self, batcher: NodeBatcher, cfg: LogConfig, rank: int, local_rank: int,
                  attempt: int, stream: str) -> None:
@@ -151,30 +194,43 @@ class Shipper:
         self.attempt = attempt
         self.stream = stream
         self.seq = 0
+        #: live lines of the last batch built (what readers hold as this stream's block)
+        self.held = 0
         # The unterminated line: the head of its current frame (cap + 4 bytes max; the whole
         # line if it was never redrawn), what the frame has beyond that head, whether a \r
-        # ended it (the next byte starts a new frame, unless it is the \n of \r\n) and
-        # whether it was redrawn at all (only then is it shipped before its newline).
+        # ended it (the next byte starts a new frame, unless it is the \n of \r\n), whether
+        # it was redrawn (a bar's frame) and when its first byte came.
         self._partial = bytearray()
         self._partial_extra = 0
         self._cr = False
         self._redrawn = False
+        self._partial_at = 0.0
         self._live_timer: asyncio.TimerHandle | None = None
-        self._live_dirty = False  # the frame changed since it was last shipped
-        self._live_at = -LIVE_INTERVAL  # loop time of the last live frame shipped
+        self._live_dirty = False  # the live block changed since it was last shipped
+        self._live_at = -LIVE_INTERVAL  # loop time of the last live block shipped
+        self._source: LiveSource | None = None  # rendered: where the live block comes from
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes, now: float | None = None) -> None:
+        """Plain output (no cursor movement), read at ``now`` (``time.monotonic()``)."""
+        if now is None:
+            now = time.monotonic()
+        if self._redrawn and not self._cr and data[:1] not in (b"\r", b"\n", b""):
+            # A bar's frame followed by other output (a log line written under the bar): a
+            # terminal would show them glued on one row; they are two lines.
+            self._ship([self._take_partial()], 1, 0, self._partial_at)
         nl = data.rfind(b"\n")
         if nl < 0:
-            self._add_partial(data)
-            if self._redrawn:
+            self._add_partial(data, now)
+            if self._partial or self._partial_extra:
                 self._live_changed()
             return
         texts: list[str] = []
         nlines = 0
+        first_at = now
         if self._partial or self._partial_extra or self._cr:
             first = data.find(b"\n")
-            self._add_partial(data[:first])
+            self._add_partial(data[:first], now)
+            first_at = self._partial_at
             texts.append(self._take_partial())
             nlines += 1
             body = data[first + 1: nl] if first < nl else None
@@ -184,9 +240,9 @@ class Shipper:
             texts.append(self._decode_block(body))
             nlines += body.count(b"\n") + 1
         if nl != len(data) - 1:
-            self._add_partial(data[nl + 1:])
-        self._ship(texts, nlines, nl + 1)
-        if self._redrawn:
+            self._add_partial(data[nl + 1:], now)
+        self._ship(texts, nlines, nl + 1, first_at)
+        if self._partial or self._partial_extra:
             self._live_changed()
 
     def eof(self) -> None:
@@ -195,23 +251,100 @@ class Shipper:
             self._live_timer = None
         if self._partial or self._partial_extra or self._cr:
             nbytes = len(self._partial) + self._partial_extra
-            self._ship([self._take_partial()], 1, nbytes)
+            self._ship([self._take_partial()], 1, nbytes, self._partial_at)
 
-    def _ship(self, texts: list[str], nlines: int, nbytes: int) -> None:
+    def _ship(self, texts: list[str], nlines: int, nbytes: int, first_at: float) -> None:
         batch = self.batcher.part(self)
         if batch.live is not None:
             # The first of these lines finishes the line whose frame waits here unsent:
             # the frame would only be replaced by it.
             batch.live = None
+        if batch.first_at is None:
+            batch.first_at = first_at
         batch.segments.extend(texts)
         batch.lines += nlines
         self.batcher.grow(nbytes)
 
+    # -- output rendered by a terminal emulator -------------------------------------------
+
+    def take_over(self) -> tuple[bytes, float] | None:
+        """The stream goes to a terminal emulator: the current frame of its unterminated
+        line (to draw first) and its first byte's time; forgotten here, unshipped (the
+        emulator's live block replaces what readers hold of it)."""
+        if not (self._partial or self._cr):
+            return None
+        frame, at = bytes(self._partial), self._partial_at
+        self._partial.clear()
+        self._partial_extra = 0
+        self._cr = self._redrawn = False
+        return frame, at
+
+    def rendered(self, finished: list[tuple[str, float]], source: LiveSource | None,
+                 changed: bool) -> None:
+        """Lines the emulator finished (text, first byte's time), and whether its live
+        block (read from ``source``; None: the stream is plain again) ``changed``.
+
+        Finished lines go now, with the current live block behind them (readers replace
+        their block with the batch's first lines: the rest must follow, not wait). A live
+        block that only changed goes at most every :data:`LIVE_INTERVAL`, or at once with
+        an entry this stream already has waiting in the publisher, or when the stream is
+        plain again (its block is then empty).
+        """
+        self._source = source
+        if source is None and not finished and changed and self.held:
+            self._put_live(self.batcher.part(self))  # the block readers hold is gone
+            return
+        if finished:
+            texts = [self._cap_text(t) for t, _ in finished]
+            batch = self.batcher.part(self)
+            batch.live = None
+            if batch.first_at is None:
+                batch.first_at = finished[0][1]
+            batch.segments.extend(texts)
+            batch.lines += len(texts)
+            self.batcher.grow(sum(len(t) + 1 for t in texts))
+            self._put_live(batch)
+            return
+        if not changed:
+            return
+        batch = self.batcher.open_part(self)
+        if batch is not None:
+            self._put_live(batch)
+        else:
+            self._live_changed()
+
+    def _put_live(self, batch: _Batch) -> None:
+        """Put the emulator's live block in ``batch`` (an empty block is shipped as one empty
+        row when readers hold one: the cursor's row)."""
+        self._live_dirty = False
+        if self._live_timer is not None:
+            self._live_timer.cancel()
+            self._live_timer = None
+        rows, at = self._source() if self._source is not None else ([], 0.0)
+        if not rows:
+            if batch.segments or not self.held:
+                batch.live = None  # finished lines take the rows readers hold, or none held
+                return
+            rows = [""]  # readers hold a block that is gone: one empty row, the cursor's
+        rows = [self._cap_text(t) for t in rows]
+        old = sum(map(len, batch.live)) if batch.live else 0
+        batch.live = rows
+        batch.live_at = at
+        if batch.first_at is None:
+            batch.first_at = at
+        self.batcher.grow(max(0, sum(map(len, rows)) - old))
+
+    def _cap_text(self, text: str) -> str:
+        if len(text) <= self.cap // 4:  # (a character is at most 4 bytes)
+            return text
+        raw = text.encode("utf-8", "replace")
+        return self._frame_text(raw, 0) if len(raw) > self.cap else text
+
     # -- lines redrawn in place -----------------------------------------------------------
 
     def _live_changed(self) -> None:
-        """The redrawn line changed: ship its frame when the pace allows (one timer at most,
-        armed by a change, so an idle or finished bar costs nothing)."""
+        """The live block changed: ship it when the pace allows (one timer at most, armed by
+        a change, so an idle or finished line costs nothing)."""
         self._live_dirty = True
         if self._live_timer is not None:
             return
@@ -224,14 +357,23 @@ class Shipper:
 
     def _ship_live(self) -> None:
         self._live_timer = None
-        if not (self._redrawn and self._live_dirty):
+        if not self._live_dirty:
             return  # finished meanwhile: its final line was shipped instead
-        self._live_dirty = False
         self._live_at = asyncio.get_running_loop().time()
+        if self._source is not None:
+            self._put_live(self.batcher.part(self))
+            return
+        if not (self._partial or self._partial_extra):
+            self._live_dirty = False
+            return
+        self._live_dirty = False
         text = self._frame_text(bytes(self._partial), self._partial_extra)
         batch = self.batcher.part(self)
-        old = len(batch.live) if batch.live is not None else 0
-        batch.live = text  # a frame not sent yet is replaced: frames coalesce in an outage
+        old = sum(map(len, batch.live)) if batch.live else 0
+        batch.live = [text]  # a frame not sent yet is replaced: frames coalesce in an outage
+        batch.live_at = self._partial_at
+        if batch.first_at is None:
+            batch.first_at = self._partial_at
         self.batcher.grow(max(0, len(text) - old))
 
     # -- lines ----------------------------------------------------------------------------
@@ -253,7 +395,9 @@ class Shipper:
         cut = _utf8_cut(line, self.cap)
         return line[:cut] + _marker(len(line) - cut)
 
-    def _add_partial(self, data: bytes) -> None:
+    def _add_partial(self, data: bytes, now: float) -> None:
+        if not (self._partial or self._partial_extra or self._cr) and data:
+            self._partial_at = now  # the line's first byte
         if self._cr or b"\r" in data:
             data = self._new_frame(data)
             if not data:

@@ -22,21 +22,28 @@ terminal gets one big write per chunk. A line is only looked at on its own when 
 than ``max_line_bytes``.
 
 Output is untrusted: it is kept byte for byte in the file, decoded with replacement characters
-for Redis (escape sequences stay as data; the console escapes them when it renders).
+for Redis (escape sequences of plain output stay as data; the console escapes them when it
+renders). Output that moves the cursor (a Rich live display) is drawn on an emulated terminal
+instead (screen.py): finished lines and a live block, which the agent's terminal shows
+redrawn in place (live_area.py). Plain output never reaches the emulator: one ``in`` per chunk
+tells them apart.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import sys
 import time
+from collections.abc import Hashable
 from pathlib import Path
 from typing import IO, Protocol
 
 from elastic_agent.coordination.wire import log_records
 from elastic_agent.coordination.wire.keyspace import JobKeys
+from elastic_agent.supervision.records.live_area import LiveArea, is_terminal, terminal_id
 from elastic_agent.supervision.records.log_config import (
     LogConfig,
     RankDestinations,
@@ -47,12 +54,25 @@ from elastic_agent.supervision.records.log_config import (
 from elastic_agent.supervision.records.log_files import create_log_file, open_plugin_file, open_private_dir
 from elastic_agent.supervision.records.log_shipping import NodeBatcher, Shipper
 from elastic_agent.supervision.records.publisher import StreamPublisher
+from elastic_agent.supervision.records.screen import StreamScreen, moves_cursor
+
+log = logging.getLogger(__name__)
 
 #: An unterminated line waits this long for its newline before the terminal shows it anyway
 #: (a progress bar redrawn with ``\r`` must stay visible, as it is with torchrun's ``--tee``).
 TERMINAL_PARTIAL_DELAY = 0.1
 #: ... or until it is this long.
 TERMINAL_PARTIAL_MAX = 64 * 1024
+#: (columns, lines) of the terminal that renders cursor-moving output of workers on pipes.
+DEFAULT_SCREEN = (120, 40)
+
+
+class OutputObserver(Protocol):
+    """Sees every chunk a worker writes, raw, before the pipeline cuts it into lines (the
+    training metrics read from output: diagnosis/metrics.py's tracker, wired in by the
+    agent). Called on the event loop, once per chunk: it must be cheap and must not raise."""
+
+    def feed(self, rank: int, stream: str, data: bytes, /) -> object: ...
 
 
 class BinaryWriter(Protocol):
@@ -91,7 +111,8 @@ class NodeLogs:
     """The log pipeline of one node: shared settings, terminal, publisher and stream name.
 
     ``publisher`` None ships nothing to Redis (files and terminal only). ``stdout``/``stderr``
-    default to the agent's own ``sys.stdout``/``sys.stderr``.
+    default to the agent's own ``sys.stdout``/``sys.stderr``. ``observer`` sees every raw
+    chunk before the rest of the pipeline does.
     """
 
     def __init__(
@@ -103,8 +124,11 @@ class NodeLogs:
         node_id: str | None = None,
         stdout: BinaryWriter | None = None,
         stderr: BinaryWriter | None = None,
+        observer: OutputObserver | None = None,
     ) -> None:
         self.config = config or LogConfig()
+        #: Sees every chunk of every worker (see :class:`OutputObserver`); None: nothing does.
+        self.observer = observer
         if publisher is not None and (job_id is None or node_id is None):
             raise ValueError("shipping logs to Redis needs job_id and node_id")
         self.publisher = publisher
@@ -119,6 +143,21 @@ class NodeLogs:
         self._filtered: dict[tuple[str, Path], _FilteredFile] = {}
         #: global rank -> time.monotonic() of its newest output (stall detection, stall.py)
         self.last_output: dict[int, float] = {}
+        #: (columns, lines) of the workers' terminals (``--worker-tty``): output that moves
+        #: the cursor is rendered on an emulated terminal this big (screen.py).
+        self.screen_size: tuple[int, int] = DEFAULT_SCREEN
+        self._areas: dict[Hashable, LiveArea] = {}
+
+    def live_area(self, writer: BinaryWriter) -> LiveArea | None:
+        """The live area (live_area.py) of the terminal ``writer`` writes to; None if it is
+        not a terminal. The agent's stdout and stderr share one when they are one terminal."""
+        if not is_terminal(writer):
+            return None
+        key = terminal_id(writer)
+        area = self._areas.get(key)
+        if area is None:
+            area = self._areas[key] = LiveArea(writer)
+        return area
 
     @property
     def stream_key(self) -> str:
@@ -221,6 +260,7 @@ class WorkerLogs:
             self._open_default(node, directory, prefix, visible)
         self.drained = asyncio.Event()
         self._last_output = node.last_output
+        self._observer = node.observer
 
     def _open_default(self, node: NodeLogs, directory: Path, prefix: bytes,
                       visible: bool) -> None:
@@ -240,7 +280,8 @@ class WorkerLogs:
                 filtered = node.filtered_file(name, directory.parent) if teed else None
                 self._streams[name] = _StreamLog(directory / fname, fd, writer,
                                                  prefix if teed else b"", shipper,
-                                                 cfg.max_line_bytes, filtered, prefix)
+                                                 cfg.max_line_bytes, filtered, prefix,
+                                                 node=node, key=(rank, name))
         except BaseException:
             for opened in self._streams.values():
                 opened.close()
@@ -265,7 +306,7 @@ class WorkerLogs:
                     dest.file or Path(os.devnull), fd,
                     node._writer(name) if dest.terminal else None,
                     prefix if dest.prefixed else b"", shipper, cfg.max_line_bytes, filtered,
-                    prefix)
+                    prefix, node=node, key=(self.rank, name))
         except BaseException:
             for opened in self._streams.values():
                 opened.close()
@@ -282,6 +323,13 @@ class WorkerLogs:
     def feed(self, stream: str, data: bytes) -> None:
         """Process one chunk of ``stream`` (``log_records.STDOUT`` or ``log_records.STDERR``)."""
         self._last_output[self.rank] = time.monotonic()
+        if self._observer is not None:
+            try:
+                self._observer.feed(self.rank, stream, data)
+            except Exception:  # the output must reach its file whatever the observer does
+                log.exception("the output observer failed on rank %d: it sees no more of "
+                              "this worker's output", self.rank)
+                self._observer = None
         self._streams[stream].feed(data)
 
     def eof(self, stream: str) -> None:
@@ -297,11 +345,19 @@ class WorkerLogs:
 
 
 class _StreamLog:
-    """One stream of one worker: raw file, terminal (optionally prefixed), Redis shipper."""
+    """One stream of one worker: raw file, terminal (optionally prefixed), Redis shipper.
+
+    Plain output takes the fast path: bytes to the terminal, lines cut by the shipper. Output
+    that moves the cursor (:func:`~.screen.moves_cursor`) is drawn on an emulated terminal
+    (:class:`~.screen.StreamScreen`) until it is plain again: its finished lines and live
+    block go to the shipper and the terminal (a terminal's :class:`~.live_area.LiveArea`
+    redraws the block in place; a pipe or file gets finished lines only).
+    """
 
     def __init__(self, path: Path, fd: int | None, writer: BinaryWriter | None, prefix: bytes,
                  shipper: Shipper | None, max_line_bytes: int,
-                 filtered: _FilteredFile | None = None, filtered_prefix: bytes = b"") -> None:
+                 filtered: _FilteredFile | None = None, filtered_prefix: bytes = b"", *,
+                 node: NodeLogs | None = None, key: Hashable = None) -> None:
         self.path = path
         self._filtered = filtered
         self._filtered_prefix = filtered_prefix
@@ -319,16 +375,25 @@ class _StreamLog:
         self._midline = False  # the terminal shows the start of a line we are in
         self._timer: asyncio.TimerHandle | None = None
         self.closed = False
+        self._node = node
+        self._key = key if key is not None else id(self)
+        self._screen: StreamScreen | None = None  # while the output moves the cursor
+        self._live: tuple[list[str], float] | None = None  # its live block, read once a feed
+        self._area: LiveArea | None = None  # the terminal's live area, if it is a terminal
+        self._area_known = False
 
     def feed(self, data: bytes) -> None:
         if self.closed or not data:
             return
         if self._file is not None:
             self._file.write(data)
-        if self._writer is not None:
-            self._to_terminal(data)
-        if self._shipper is not None:
-            self._shipper.feed(data)
+        if self._screen is not None or moves_cursor(data):
+            self._render(data)
+        else:
+            if self._writer is not None:
+                self._to_terminal(data)
+            if self._shipper is not None:
+                self._shipper.feed(data)
         if self._filtered is not None:
             self._filter(data)
 
@@ -354,6 +419,12 @@ class _StreamLog:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._screen is not None:
+            finished = self._screen.close()
+            self._screen = None
+            if self._shipper is not None:
+                self._shipper.rendered(finished, None, True)
+            self._show_rendered(finished, True)
         if self._writer is not None and (self._pending or self._midline):
             self._write((b"" if self._midline else self._prefix)
                         + b"".join(self._pending) + b"\n")
@@ -366,6 +437,78 @@ class _StreamLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+    # -- output that moves the cursor ------------------------------------------------------
+
+    def _render(self, data: bytes) -> None:
+        now = time.monotonic()
+        screen = self._screen
+        if screen is None:
+            screen = self._screen = self._enter_screen(now)
+        screen.feed(data, now)
+        self._live = None
+        finished = screen.take_finished()
+        idle = screen.idle
+        changed = screen.changed
+        if self._shipper is not None:
+            self._shipper.rendered(finished, None if idle else self._screen_live, changed)
+        self._show_rendered(finished, changed or idle)
+        if idle:  # plain again: back to the fast path
+            self._screen = None
+            self._live = None
+
+    def _enter_screen(self, now: float) -> StreamScreen:
+        """Start drawing on an emulated terminal, from the unterminated line (what the
+        shipper holds of it, or what the terminal has not shown yet)."""
+        size = self._node.screen_size if self._node is not None else DEFAULT_SCREEN
+        screen = StreamScreen(*size)
+        head = self._shipper.take_over() if self._shipper is not None else None
+        if head is None and self._pending:
+            head = (b"".join(self._pending), now)
+        if head is not None and head[0]:
+            screen.feed(head[0], head[1])
+        if self._writer is not None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self._midline:  # the start of that line is on the terminal: it is redrawn
+                area = self._live_area()
+                self._write(b"\r\x1b[2K" if area is not None else b"\n")
+            self._pending.clear()
+            self._pending_len = 0
+            self._midline = False
+        return screen
+
+    def _screen_live(self) -> tuple[list[str], float]:
+        if self._live is None:
+            assert self._screen is not None
+            self._live = self._screen.live()
+        return self._live
+
+    def _show_rendered(self, finished: list[tuple[str, float]], changed: bool) -> None:
+        """Finished lines, and the live block if it ``changed``, on the agent's terminal (a
+        pipe or a file gets finished lines only)."""
+        if self._writer is None:
+            return
+        area = self._live_area()
+        if area is not None and (changed or self._screen is None):
+            # (drawn by the print below when there are finished lines)
+            area.set(self._key, self._prefix,
+                     [] if self._screen is None else self._screen_live()[0], draw=not finished)
+        if finished:
+            data = b"".join(self._prefix + text.encode("utf-8", "replace") + b"\n"
+                            for text, _ in finished)
+            if area is not None:
+                area.print(data, self._writer)
+            else:
+                self._write(data)
+
+    def _live_area(self) -> LiveArea | None:
+        if not self._area_known:
+            self._area_known = True
+            if self._writer is not None and self._node is not None:
+                self._area = self._node.live_area(self._writer)
+        return self._area
 
     # -- terminal ------------------------------------------------------------------------
 
@@ -413,6 +556,9 @@ class _StreamLog:
         self._timer = None
         if not self._pending or self.closed:
             return
+        area = self._live_area()
+        if area is not None and area.active and self._pending_len < TERMINAL_PARTIAL_MAX:
+            return  # under a live area a line is shown once whole (the area holds the rows)
         self._write((b"" if self._midline else self._prefix) + b"".join(self._pending))
         self._pending.clear()
         self._pending_len = 0
@@ -420,6 +566,10 @@ class _StreamLog:
 
     def _write(self, data: bytes) -> None:
         assert self._writer is not None
+        area = self._live_area()
+        if area is not None and area.active:
+            area.print(data, self._writer)  # above the workers' live blocks
+            return
         try:
             self._writer.write(data)
             self._writer.flush()

@@ -25,6 +25,7 @@ from elastic_agent.coordination.transport.endpoints import Endpoint
 from elastic_agent.coordination.wire.text import sanitize, strip_sgr
 from elastic_console.job.attempts import AttemptLogs
 from elastic_console.job.client import JobClient
+from elastic_console.job.inplace import latest_rows
 
 from .common import safe_text
 
@@ -121,8 +122,9 @@ class AttemptLogsScreen(ModalScreen[None]):
             return
         self.result = r = message.result
         every = self.rank is None
-        self.lines = [strip_sgr(sanitize(f"[rank {b.rank}] {line}" if every else line))
-                      for b in r.batches for line in b.lines][-MAX_LINES:]
+        rows, _ = latest_rows(r.batches)  # a redrawn bar once, in its latest state
+        self.lines = [strip_sgr(sanitize(f"[rank {row[0]}] {row[1]}" if every else row[1]))
+                      for row in rows if row is not None][-MAX_LINES:]
         log = self.query_one("#attempt-log", Log)
         log.write_lines(self.lines)
         n = len(self.lines)
@@ -130,6 +132,8 @@ class AttemptLogsScreen(ModalScreen[None]):
                   "no lines of this attempt are kept (none printed, or Redis trimmed them)")
         if r.partial and n:
             status += " (the newest ones; older lines of the attempt are not kept)"
+        if r.note:
+            status += f"; note: {r.note}"
         self._status(status)
 
     def _status(self, text: str, style: Style | str = "") -> None:

@@ -70,7 +70,9 @@ class JobHeader(Static):
             # Records nobody could read: a broken or hostile writer is never silent.
             t.append(f"   {view.skipped} unreadable record{'' if view.skipped == 1 else 's'} "
                      "skipped", Style(color="yellow"))
-        t.append("\n redis ", _LABEL)
+        t.append("\n")
+        self._progress(t, view)
+        t.append(" redis ", _LABEL)
         t.append_text(safe_text(endpoint))
         if not loaded:
             t.append("  ○ connecting…", _LABEL)
@@ -85,6 +87,33 @@ class JobHeader(Static):
         if t.plain != self._shown:  # styles follow from the plain text: compare that
             self._shown = t.plain
             self.update(t, layout=False)  # fixed height: a relayout would cost every widget
+
+
+    @staticmethod
+    def _progress(t: Text, view: JobView) -> None:
+        """``step 120/500 24%  ETA 2m30s (slowest rank 3)  m metrics``, once any rank has a
+        step: the progress of the slowest rank that knows the run's total (of the one rank
+        that does, often rank 0: the header says which), and its ETA at its step rate."""
+        metrics = view.metrics
+        if not metrics.any_step:
+            return
+        summary = metrics.summary()
+        p = summary.progress
+        if p is not None:
+            t.append(" step ", _LABEL)
+            t.append(f"{p.step}/{p.total}", _VALUE)
+            t.append(f" {min(100, 100 * p.step // max(1, p.total))}%", _LABEL)
+            if p.eta_s is not None and p.step < p.total:
+                t.append("  ETA ", _LABEL)
+                t.append(fmt_age(p.eta_s), _VALUE)
+            t.append(f" ({p.basis} {p.rank})", _LABEL)
+        elif summary.low is not None:
+            t.append(" step ", _LABEL)
+            t.append(str(summary.low), _VALUE)
+            if summary.slowest is not None:
+                t.append(f" (slowest rank {summary.slowest})", _LABEL)
+        t.append("  m", _VALUE)
+        t.append(" metrics  ", _LABEL)
 
 
 class Banner(Static):

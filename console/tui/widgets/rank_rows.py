@@ -8,6 +8,11 @@ cell text. :func:`fit_columns` drops columns in :data:`DROP_ORDER` (by node:
 :data:`NODE_DROP_ORDER`) until a row fits. The widget that holds the order, the cursor and the
 scrolling is :class:`~.rank_table.RankTable`.
 
+Training columns (:data:`TRAINING_COLUMNS`: STEP, STEPS/S) follow the others once any rank
+printed a step (:data:`STEP_COLUMNS`, by node :data:`NODE_STEP_COLUMNS`); their cells come from
+the rank's latest state in ``JobView.metrics`` (:func:`step_values`), and a row's value after
+its cells (:data:`SLOWEST`) makes its STEP stand out. An exited rank's QUIET stops at its exit.
+
 Untrusted text: every cell is sanitized in :func:`row_segments` (never markup); a cell that
 still has SGR colours is drawn by the widget's ``render_ansi``.
 """
@@ -22,6 +27,7 @@ from rich.segment import Segment
 from rich.style import Style
 
 from elastic_agent.coordination.wire.text import sanitize
+from elastic_console.job.metrics import RankLatest
 from elastic_console.job.model import RankState
 
 from .common import RANK_STATE_STYLES, fmt_age, fmt_bytes
@@ -31,19 +37,28 @@ __all__ = [
     "COLUMNS",
     "COLUMN_KEYS",
     "DROP_ORDER",
+    "METRIC_SORT_KEYS",
     "NODE_COLUMNS",
     "NODE_DROP_ORDER",
+    "NODE_STEP_COLUMNS",
     "PAD",
     "ROW_WIDTH",
+    "SLOWEST",
     "SORT_KEYS",
     "STATE_ORDER",
+    "STEP_COLUMNS",
+    "TRAINING_COLUMNS",
     "fit_columns",
+    "fmt_rate",
+    "fmt_step",
     "header_segments",
     "node_key",
+    "node_step_values",
     "node_values",
     "row_segments",
     "row_values",
     "row_width",
+    "step_values",
     "worst_first",
 ]
 
@@ -60,8 +75,15 @@ COLUMNS: tuple[tuple[str, str, int, bool], ...] = (
     ("rss", "RSS", 9, True),
     ("line", "QUIET", 6, True),  # seconds since the rank's last log line
 )
-#: The columns' keys, left to right.
-COLUMN_KEYS = tuple(c[0] for c in COLUMNS)
+#: The training columns, after the others once any rank has a step (``JobMetrics.any_step``):
+#: its latest step (the slowest rank's stands out) and steps a second.
+TRAINING_COLUMNS: tuple[tuple[str, str, int, bool], ...] = (
+    ("step", "STEP", 7, True),
+    ("rate", "STEPS/S", 7, True),
+)
+STEP_COLUMNS = COLUMNS + TRAINING_COLUMNS
+#: The columns' keys, left to right (the training ones last).
+COLUMN_KEYS = tuple(c[0] for c in STEP_COLUMNS)
 #: The node view's columns (see the module docstring), same shape as :data:`COLUMNS`.
 NODE_COLUMNS: tuple[tuple[str, str, int, bool], ...] = (
     ("host", "HOST", 10, False),
@@ -75,6 +97,8 @@ NODE_COLUMNS: tuple[tuple[str, str, int, bool], ...] = (
     ("line", "QUIET", 6, True),  # its quietest rank's
 )
 NODE_DROP_ORDER = ("restarts", "rss", "cpu", "exit", "ranks")
+#: By node with steps: the node's slowest rank's step and its lowest rate.
+NODE_STEP_COLUMNS = NODE_COLUMNS + TRAINING_COLUMNS
 #: Cells of padding on each side of a column's text.
 PAD = 1
 #: The columns given up, first to last, when the row is wider than the table (see the module
@@ -104,9 +128,12 @@ def fit_columns(width: int, spec: tuple[tuple[str, str, int, bool], ...] = COLUM
 
 
 ROW_WIDTH = row_width(ALL_COLUMNS)
+#: The value after a row's cells that marks the slowest rank (its STEP stands out).
+SLOWEST = "slowest"
 STATE_ORDER = {"failed": 0, "stalled": 1, "slow": 2, "restarting": 2, "waiting": 3,
                 "stopped": 4, "running": 5, "exited": 6}
 _EXIT_BAD = Style(color="red")
+_SLOWEST = Style(color="yellow", bold=True, reverse=True)
 _DIM = Style(dim=True)
 _NO_STYLE = Style()
 
@@ -135,9 +162,56 @@ SORT_KEYS: dict[str, Callable[[RankState], Any]] = {
 }
 
 
+#: Sort keys of the training columns, from a rank's latest state (None: it has none yet).
+METRIC_SORT_KEYS: dict[str, Callable[[RankLatest | None, int], Any]] = {
+    "step": lambda m, rank: (m.step if m is not None and m.step is not None else -1, rank),
+    "rate": lambda m, rank: (m.rate if m is not None and m.rate is not None else -1.0, rank),
+}
+
+
+def fmt_step(step: int | None) -> str:
+    """A step in at most 7 cells: ``1234567``, then ``12.3M``, ``4.5G``."""
+    if step is None:
+        return "-"
+    if step < 10_000_000:
+        return str(step)
+    for unit, size in (("G", 1e9), ("M", 1e6)):
+        if step >= size:
+            return f"{step / size:.1f}{unit}" if step < 100 * size else f"{step / size:.0f}{unit}"
+    return str(step)  # pragma: no cover - the loop always returns
+
+
+def fmt_rate(rate: float | None) -> str:
+    """Steps a second in at most 7 cells."""
+    if rate is None:
+        return "-"
+    if rate < 10:
+        return f"{rate:.2f}"
+    if rate < 1000:
+        return f"{rate:.1f}"
+    return f"{rate:.0f}" if rate < 10_000_000 else "many"
+
+
+def step_values(latest: RankLatest | None, slowest: bool) -> tuple[str, str, str]:
+    """The training cells of a rank (STEP, STEPS/S) and the mark of the slowest rank."""
+    if latest is None:
+        return ("-", "-", "")
+    return (fmt_step(latest.step), fmt_rate(latest.rate), SLOWEST if slowest else "")
+
+
+def node_step_values(latests: list[RankLatest], slowest: bool) -> tuple[str, str, str]:
+    """A node's training cells: its slowest rank's step, its lowest rate."""
+    steps = [m.step for m in latests if m.step is not None]
+    rates = [m.rate for m in latests if m.rate is not None]
+    return (fmt_step(min(steps)) if steps else "-", fmt_rate(min(rates)) if rates else "-",
+            SLOWEST if slowest else "")
+
+
 def row_values(r: RankState, now_ms: int) -> tuple[str, ...]:
     """The plain text of each cell of rank ``r`` (what is compared and drawn)."""
-    since = fmt_age(max(0, now_ms - r.last_line_ms) / 1000) if r.last_line_ms and now_ms else "-"
+    # An exited rank's QUIET stops at its exit: it is not silent, it is done.
+    end = r.ended_ms or now_ms
+    since = fmt_age(max(0, end - r.last_line_ms) / 1000) if r.last_line_ms and end else "-"
     return (
         str(r.rank),
         r.host or "-",
@@ -181,8 +255,10 @@ def node_values(states: list[RankState], now_ms: int) -> tuple[str, ...]:
     cpus = [r.cpu for r in states if r.cpu is not None]
     rss = [r.rss for r in states if r.rss is not None]
     lines = [r.last_line_ms for r in states]
+    # Its quietest rank's, each counted up to its exit (QUIET stops there).
     quiet = ("-" if not all(lines) or not now_ms
-             else fmt_age(max(0, now_ms - min(lines)) / 1000))
+             else fmt_age(max(max(0, (r.ended_ms or now_ms) - r.last_line_ms)
+                              for r in states) / 1000))
     return (
         worst.host or "-",
         _span([r.rank for r in states]),
@@ -229,6 +305,8 @@ def row_segments(values: tuple[str, ...], base: Style, render_ansi: Callable[...
         value = values[i]
         text = sanitize(value)
         style = base + _cell_style(key, value)
+        if key == "step" and len(values) > len(spec) and values[len(spec)] == SLOWEST:
+            style += _SLOWEST
         out.append(pad)
         if "\x1b" in text:  # only SGR is left after sanitize
             out.extend(render_ansi(text, style, width, right))

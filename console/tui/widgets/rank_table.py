@@ -46,6 +46,11 @@ computed only while it is on screen, from its few ranks. :meth:`RankTable.goto` 
 that contains it, case-insensitive); the app asks for it with ``:`` or a digit typed here
 (:class:`RankTable.GotoRequested`).
 
+Training (issue 32's metrics): once any rank printed a step (``JobView.metrics.any_step``) the
+table shows STEP and STEPS/S after the other columns (:data:`~.rank_rows.STEP_COLUMNS`; at 80
+columns RSS and CPU% give way to them), the slowest rank's STEP highlighted (the fold's summary,
+worked out at most once a second at scale); ``o`` sorts by them too.
+
 Untrusted text: host names come from the job. Every cell is sanitized and drawn as plain
 Segments (never markup); SGR colours in a host name are decoded like any other job text.
 """
@@ -72,18 +77,23 @@ from .rank_rows import (
     COLUMN_KEYS,
     COLUMNS,
     DROP_ORDER,
+    METRIC_SORT_KEYS,
     NODE_COLUMNS,
     NODE_DROP_ORDER,
+    NODE_STEP_COLUMNS,
     PAD,
     ROW_WIDTH,
     SORT_KEYS,
     STATE_ORDER,
+    STEP_COLUMNS,
     fit_columns,
     header_segments,
     node_key,
+    node_step_values,
     node_values,
     row_segments,
     row_values,
+    step_values,
     worst_first,
 )
 
@@ -181,6 +191,9 @@ class RankTable(RowCursor):
         self.sort_reverse = False
         #: One row per node (see the module docstring) rather than per rank.
         self.by_node = False
+        #: The training columns (STEP, STEPS/S) are shown: some rank has a step.
+        self.steps = False
+        self._slowest: int | None = None  # the rank whose STEP stands out
         self._spec = COLUMNS
         # Rows in order: ranks, or node keys (node_key) by node.
         self._order: list[Any] = []
@@ -252,7 +265,7 @@ class RankTable(RowCursor):
     def sort_description(self) -> str:
         if self.by_node:
             return "worst state first (n: by rank)"
-        label = dict((k, h) for k, h, _, _ in COLUMNS)[self.sort_column]
+        label = dict((k, h) for k, h, _, _ in STEP_COLUMNS)[self.sort_column]
         return f"sorted by {label.lower()}{' (reversed)' if self.sort_reverse else ''}"
 
     # -- updates -----------------------------------------------------------------------------
@@ -276,6 +289,15 @@ class RankTable(RowCursor):
         """Bring the table up to date with ``view`` (see the module docstring)."""
         self._view, self._now_ms = view, now_ms
         ranks = view.ranks
+        metrics = view.metrics
+        if metrics.any_step != self.steps:
+            self._show_steps(metrics.any_step)
+            full = True
+        if self.steps:
+            slowest = metrics.summary().slowest
+            if slowest != self._slowest:
+                self._slowest = slowest
+                full = True
         if self.by_node:
             # Ranks came or went (a node joined, an elastic shrink): group them again. A rank
             # that moves to another node comes with a new start, i.e. within a second.
@@ -334,6 +356,10 @@ class RankTable(RowCursor):
         ranks = view.ranks
         if self.by_node:
             order = self._group(view)
+        elif self.sort_column in METRIC_SORT_KEYS:
+            metric_key, latest = METRIC_SORT_KEYS[self.sort_column], view.metrics.latest
+            order = sorted(ranks, key=lambda r: metric_key(latest.get(r), r),
+                           reverse=self.sort_reverse)
         else:
             keyfn = SORT_KEYS[self.sort_column]
             order = (sorted(ranks, reverse=self.sort_reverse) if self.sort_column == "rank"
@@ -386,9 +412,37 @@ class RankTable(RowCursor):
             return None
         if not self.by_node:
             rs = view.ranks.get(key)
-            return None if rs is None else row_values(rs, self._now_ms)
-        states = [view.ranks[r] for r in self._groups.get(key, ()) if r in view.ranks]
-        return node_values(states, self._now_ms) if states else None
+            if rs is None:
+                return None
+            if not self.steps:
+                return row_values(rs, self._now_ms)
+            return row_values(rs, self._now_ms) + step_values(view.metrics.latest.get(key),
+                                                              key == self._slowest)
+        ranks = [r for r in self._groups.get(key, ()) if r in view.ranks]
+        if not ranks:
+            return None
+        values = node_values([view.ranks[r] for r in ranks], self._now_ms)
+        if not self.steps:
+            return values
+        latest = view.metrics.latest
+        return values + node_step_values([latest[r] for r in ranks if r in latest],
+                                         self._slowest in ranks)
+
+    def _spec_now(self) -> tuple[tuple[str, str, int, bool], ...]:
+        if self.by_node:
+            return NODE_STEP_COLUMNS if self.steps else NODE_COLUMNS
+        return STEP_COLUMNS if self.steps else COLUMNS
+
+    def _show_steps(self, on: bool) -> None:
+        """Show or hide the training columns (the first step of any rank shows them)."""
+        self.steps = on
+        self._spec = self._spec_now()
+        self._shown.clear()
+        self._rows.clear()
+        self._columns = ()
+        self._set_columns(fit_columns(10_000, self._spec, self._drop_order()))
+        self._resize()
+        self.refresh()
 
     # -- by node, and going to a rank or a host -----------------------------------------------
     def set_by_node(self, on: bool, *, rank: int | None = None) -> None:
@@ -400,7 +454,7 @@ class RankTable(RowCursor):
                 self._go_to_rank(rank)
             return
         self.by_node = on
-        self._spec = NODE_COLUMNS if on else COLUMNS
+        self._spec = self._spec_now()
         self._forget_rows()
         self._columns = ()  # fitted again for the other columns
         self._set_columns(fit_columns(10_000, self._spec, self._drop_order()))

@@ -45,6 +45,7 @@ KIND_STYLES: dict[str, tuple[str, Style]] = {
     "straggler": ("»", Style(color="yellow", bold=True)),  # issue 22: a slow rank
     "watchdog": ("◷", Style(color="yellow", bold=True)),  # worker_timer_expired
     "pattern": ("⚠", Style(color="yellow", bold=True)),  # restart storm, suspect, no progress
+    "nan": ("✖", Style(color="red", bold=True)),  # a metric became NaN or infinite
 }
 _LABELS = {"group_failed": "root cause", "rendezvous": "round"}
 _TIME = Style(dim=True)
