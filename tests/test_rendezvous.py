@@ -292,6 +292,40 @@ def test_a_beat_that_reaches_redis_late_judges_nobody(nodes: Nodes) -> None:
     assert m.lost == [b.node_id] and newly == [b.node_id]
 
 
+def test_a_late_summary_behind_a_late_beat_of_the_same_node_judges_nobody(nodes: Nodes) -> None:
+    """Both of a node's calls held up by one outage (Redis restarted, the network healed) run
+    one after the other when it ends: the heartbeat thread's beat, then the loop's beat with
+    its summary, decided before the outage. The first makes the node's beat in Redis fresh;
+    the second must still judge nobody: the others had no time to beat again (seen in
+    tests/test_partition.py's Redis restart: the group-rank-0 node called both others lost
+    about one run in four)."""
+    s = RendezvousSettings(min_nodes=2, max_nodes=2, last_call_timeout=30, join_timeout=10,
+                           heartbeat_timeout=1.0, keep_alive_interval=0.2)
+    a, b = (nodes.make(s) for _ in range(2))
+    nodes.join_all([a, b])
+    for h in (a, b):
+        h._stop.set()  # no beats of their own: this test sends them
+    r = make_client(nodes.url)
+    now = int(r.zscore(a.keys.rdzv_heartbeats, a.node_id))
+    # Cut off 3 s ago; a's client last saw its beat run then.
+    r.zadd(a.keys.rdzv_heartbeats, {a.node_id: now - 3000, b.node_id: now - 3000})
+    a._beat_server_ms = now - 3000
+    a._renewal_done = time.monotonic()  # the client saw no outage: it decided to judge
+    assert a._may_judge()
+    sent = a._beat_server_ms
+    # The thread's beat, run first (its reply not back yet when the summary was sent).
+    r.zadd(a.keys.rdzv_heartbeats, {a.node_id: now})
+    a._beat_server_ms = sent
+    m, newly = a.lost_since_last_check(beat=True)
+    assert m.lost == [] and newly == [], "a summary behind its node's own late beat judged"
+    assert not r.smembers(a.keys.rdzv_lost)
+    # In the normal course (the client saw its previous beat run a moment ago) it judges.
+    a._judge_after = 0.0
+    a._renewal_done = time.monotonic()
+    m, newly = a.lost_since_last_check(beat=True)
+    assert m.lost == [b.node_id] and newly == [b.node_id]
+
+
 def test_the_heartbeat_thread_stays_quiet_while_the_loop_beats_with_its_summary(
         nodes: Nodes) -> None:
     """One script call per node and interval: while the node's loop beats with its summary

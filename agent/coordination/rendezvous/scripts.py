@@ -450,18 +450,25 @@ return summary(ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', now_ms())
 
 
 # ARGV: the beat's five (node, desc, head, assign, full), then the summary's heartbeat timeout
-# and mark, then the held gap (ms). Returns {restored, the summary (an array), held, need}.
+# and mark, then the held gap (ms), then the Redis time of this node's latest beat whose reply
+# the caller had seen when it sent this call (0: none yet). Returns {restored, the summary
+# (an array), held, need}.
 #
 # held (1): this node's own previous beat is older than the held gap (RendezvousSettings:
 # half the heartbeat timeout, never within the beats' normal spacing), by Redis's clock, so
 # it judges nobody: the call may have been sent before an outage that cut this node off, and
 # run only now (a request the client gave up on is still delivered by the kernel when the
 # network heals); the others' beats are as stale as this node's was. The client's own check
-# (``_may_judge``) cannot see that: it decided before the call was sent.
+# (``_may_judge``) cannot see that: it decided before the call was sent. "Previous" is the
+# older of the beat Redis holds and the one the caller knew of: the node's heartbeat thread
+# may have a beat of its own in flight across the same outage, run a moment before this one,
+# and a beat that fresh says nothing about the others having had the time to beat again.
 _BEAT_SUMMARY = _PRELUDE + _BEAT_FN + _SUMMARY_FN + """
 local now, hbt, gap = now_ms(), tonumber(ARGV[6]), tonumber(ARGV[8])
-local prev = redis.call('ZSCORE', K_HB, ARGV[1])
-local held = ARGV[7] == '1' and not (prev and now - tonumber(prev) <= gap)
+local prev = tonumber(redis.call('ZSCORE', K_HB, ARGV[1]))
+local known = tonumber(ARGV[9]) or 0
+if prev and known > 0 and known < prev then prev = known end
+local held = ARGV[7] == '1' and not (prev and now - prev <= gap)
 local restored, member, state, need = beat(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], now)
 local mark = ARGV[7] == '1' and not held
 return {restored, summary(ARGV[1], hbt, mark, now, member, state), held and 1 or 0, need}

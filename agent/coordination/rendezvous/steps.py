@@ -11,6 +11,7 @@ call; a test can feed them replies of its own. The step calls are tuples:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -122,6 +123,10 @@ class RendezvousSteps:
         self.renewed_at: float | None = None
         self._renewal_done: float | None = None  # when that heartbeat's reply came back
         self._judge_after = 0.0  # see _may_judge
+        #: Redis's time (ms) of the latest beat whose reply came back: the beat-and-summary
+        #: call sends it, so a beat of the heartbeat thread run just before it in Redis, both
+        #: held up by the same outage, does not make it judge (see _BEAT_SUMMARY).
+        self._beat_server_ms = 0
         self._stop = threading.Event()
 
     # -- what this node knows (no I/O) ------------------------------------------------------
@@ -283,14 +288,16 @@ class RendezvousSteps:
         if beat:
             sent = time.monotonic()
             restored, raw, held, need = yield from script("beat_summary", [
-                *self._beat_args(), *summary_args, int(s.held_gap * 1000)])
-            yield from self._beaten(sent, restored, need)
+                *self._beat_args(), *summary_args, int(s.held_gap * 1000),
+                self._beat_server_ms])
+            m, newly = decode_summary(raw)
+            yield from self._beaten(sent, restored, need, m.now_ms)
             if held:  # cut off until just now, by Redis's clock: judge nobody yet
                 self._judge_after = max(self._judge_after,
                                         time.monotonic() + s.heartbeat_timeout)
         else:
-            raw = yield from script("summary", [self.node_id, *summary_args])
-        m, newly = decode_summary(raw)
+            m, newly = decode_summary((yield from script("summary", [self.node_id,
+                                                                     *summary_args])))
         if held:
             return replace(m, lost=[]), []
         return m, newly
@@ -321,8 +328,8 @@ class RendezvousSteps:
 
     def _heartbeat_steps(self) -> Generator[Any, Any, None]:
         sent = time.monotonic()
-        _, restored, need = yield from script("heartbeat", self._beat_args())
-        yield from self._beaten(sent, restored, need)
+        server_ms, restored, need = yield from script("heartbeat", self._beat_args())
+        yield from self._beaten(sent, restored, need, server_ms)
 
     def _beat_due(self) -> bool:
         """Whether the heartbeat thread, at one of its ticks (every interval), must beat: no
@@ -334,10 +341,14 @@ class RendezvousSteps:
         return done is None or (
             time.monotonic() - done >= 1.25 * self.settings.keep_alive_interval)
 
-    def _beaten(self, sent: float, restored: Any, need: Any = 0) -> Generator[Any, Any, None]:
-        """After a beat that was sent at ``sent``: the renewal's bookkeeping, the round's
-        record sent if the beat said Redis lost it (``need``), and the job's listing put back
-        if the beat found the rendezvous lost and restored it."""
+    def _beaten(self, sent: float, restored: Any, need: Any = 0, server_ms: Any = 0
+                ) -> Generator[Any, Any, None]:
+        """After a beat that was sent at ``sent`` and run at ``server_ms`` (Redis's clock): the
+        renewal's bookkeeping, the round's record sent if the beat said Redis lost it
+        (``need``), and the job's listing put back if the beat found the rendezvous lost and
+        restored it."""
+        with contextlib.suppress(TypeError, ValueError):
+            self._beat_server_ms = max(self._beat_server_ms, int(server_ms))
         if need:
             _, again, _ = yield from script("heartbeat", self._beat_args(full=True))
             restored = restored or again
