@@ -26,13 +26,14 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Input, Static
+from textual.widgets import Static
 
 from elastic_console.job.metrics import MAX_CHOSEN, JobMetrics
 
 from .common import safe_text
 from .footer import KeyFooter
 from .metric_chart import REDONE, RESTART, ChartOptions, MetricChart
+from .prompt import LinePrompt
 
 __all__ = ["MetricsScreen", "RankPrompt"]
 
@@ -49,45 +50,17 @@ def _rgb(color: tuple[int, int, int]) -> Style:
     return Style(color=f"rgb({color[0]},{color[1]},{color[2]})", bold=True)
 
 
-class RankPrompt(ModalScreen[str | None]):
+class RankPrompt(LinePrompt):
     """Ask for a rank whose curves to show or hide."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
-
-    DEFAULT_CSS = """
-    RankPrompt { align: left top; background: $background 30%; }
-    RankPrompt > #rank-prompt { width: 50; max-width: 100%; height: auto; margin: 2 0 0 2;
-                                background: $surface; border: round $primary; padding: 0 1; }
-    RankPrompt #rank-input { border: none; height: 1; padding: 0; }
-    RankPrompt .dialog-hint { height: 1; margin: 0; }
-    """
-
-    def __init__(self, text: str = "", *, cursor_blink: bool = True) -> None:
-        super().__init__()
-        self.text = text
-        self.cursor_blink = cursor_blink
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="rank-prompt"):
-            yield Input(self.text, placeholder="rank", max_length=8, restrict=r"[0-9]*",
-                        id="rank-input")
-            yield Static(Text("enter: show (or hide) its curves · esc: cancel", style="dim",
-                              end="", no_wrap=True, overflow="ellipsis"),
-                         markup=False, classes="dialog-hint")
-
-    def on_mount(self) -> None:
-        self.query_one("#rank-prompt", Vertical).border_title = "A rank's curves"
-        field = self.query_one(Input)
-        field.cursor_blink = self.cursor_blink
-        field.focus()
-        field.cursor_position = len(field.value)
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        self.dismiss(event.value.strip() or None)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
+    DEFAULT_CSS = "RankPrompt > #rank-prompt { width: 50; }"
+    BOX_ID = "rank-prompt"
+    INPUT_ID = "rank-input"
+    TITLE = "A rank's curves"
+    PLACEHOLDER = "rank"
+    HINT = "enter: show (or hide) its curves · esc: cancel"
+    MAX_LENGTH = 8
+    RESTRICT = r"[0-9]*"
 
 
 class MetricsScreen(ModalScreen[None]):
