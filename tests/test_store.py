@@ -17,9 +17,8 @@ from elastic_agent.coordination.store import (
     StoreQueueEmptyError,
     StoreTimeoutError,
     StoreTooManyKeysError,
-    barrier,
-    synchronize,
 )
+from elastic_agent.coordination.store_collectives import barrier, synchronize
 from elastic_agent.coordination.transport.connection import RedisUnavailableError, make_client
 from elastic_agent.coordination.wire.keyspace import JobKeys
 from elastic_agent.supervision.hosting.standalone import RedisServer

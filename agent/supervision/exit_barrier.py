@@ -1,6 +1,6 @@
 """The exit barrier's store: waits that give up when the node must leave the barrier.
 
-torch's ``barrier`` (here ``store.barrier``) blocks a thread until every node of the round has
+torch's ``barrier`` (here ``store_collectives.barrier``) blocks a thread until every node of the round has
 arrived. A node must leave it early when another node fails, a ``stop`` comes, or a signal
 arrives; a thread the event loop cannot cancel (and that ``asyncio.run`` would wait for at
 exit) cannot be told to, so the store waits in slices and looks at ``leave`` between them.

@@ -21,7 +21,8 @@ from typing import Any
 import redis
 
 from ..coordination.rendezvous.types import RendezvousResult
-from ..coordination.store import StoreTimeoutError, barrier
+from ..coordination.store import StoreTimeoutError
+from ..coordination.store_collectives import barrier
 from ..coordination.transport.connection import RedisUnavailableError, raise_if_cancelled
 from ..coordination.wire import event_records
 from ..coordination.wire.command_records import Command, CommandType
