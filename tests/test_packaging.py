@@ -75,7 +75,10 @@ def test_a_wheel_in_a_clean_venv_runs_a_job_and_the_console_outside_the_repo(
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", TORCH_PIN], check=True, timeout=600)
+    # --no-compile: writing torch's thousands of .pyc files was half this test's time; the job
+    # below imports torch a few times, each compiling in memory what it uses (~3 s more).
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-compile", TORCH_PIN],
+                   check=True, timeout=600)
     subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], check=True, timeout=600)
 
     outside = tmp_path / "elsewhere"
