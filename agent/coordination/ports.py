@@ -10,7 +10,9 @@ import socket
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """Whether ``host:port`` can be bound now (``host`` an IPv4 or IPv6 address)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))
         except OSError:

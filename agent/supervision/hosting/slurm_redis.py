@@ -170,18 +170,6 @@ def server_config(job_id: str, secret: JobSecret, owner_password: str,
     return "\n".join(lines) + "\n"
 
 
-def _port_taken(bind: str, port: int) -> bool:
-    """Whether another socket holds ``bind:port`` (after our server failed to start there)."""
-    if ":" not in bind:
-        return not port_is_free(port, bind)
-    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((bind, port))
-        except OSError:
-            return True
-    return False
-
-
 def _is_loopback(addr: str) -> bool:
     try:
         return ipaddress.ip_address(addr).is_loopback
@@ -221,7 +209,7 @@ def host(step: SlurmStep, addr: str, port: int, secret: JobSecret, job_id: str,
         server.start()
     except RuntimeError as exc:
         server.cleanup()
-        if _port_taken(bind, port):
+        if not port_is_free(port, bind):  # another socket holds it
             raise RuntimeError(f"another process holds {where}, where this job's Redis "
                                f"would run: {_TAKE_PORT}") from None
         raise RuntimeError(f"the job's Redis could not start on {where} "
