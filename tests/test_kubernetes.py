@@ -164,6 +164,15 @@ ADMIN_COMMANDS = (
     ["EVAL", "return redis.call('CONFIG', 'SET', 'maxmemory-policy', 'noeviction')", "0"],
 )
 
+#: What ``+@read`` and ``+@connection`` hold beyond a console's or an agent's needs (each in
+#: ``@dangerous``): a walk of the whole keyspace, other clients' addresses, dropping or stalling
+#: them. Refused for want of permission, not for a bad argument: each is harmless if let
+#: through (no such client, 1 ms, no such key).
+DANGEROUS_READS = (
+    ["KEYS", "elastic:{nothing}:*"], ["CLIENT", "LIST"], ["CLIENT", "KILL", "ID", "999999999"],
+    ["CLIENT", "PAUSE", "1"], ["CLIENT", "NO-EVICT", "off"],
+)
+
 #: Each user the manifests and the README hand out, with its Secret.
 USERS = {"ec-viewer": "elastic-redis-viewer", "ec-operator": "elastic-redis-operator",
          **{f"ec-agent-{job}": f"elastic-redis-agent-{job}" for job in JOBS}}
@@ -172,8 +181,8 @@ USERS = {"ec-viewer": "elastic-redis-viewer", "ec-operator": "elastic-redis-oper
 def test_no_client_of_the_manifests_redis_has_admin_rights(
         cluster: tuple[kube.Cluster, str]) -> None:
     """The default user (no credentials) may PING and nothing else; the agents', viewer's and
-    operator's users run no admin command; protected configs, DEBUG and MODULE are refused
-    even to ec-admin."""
+    operator's users run no admin command, nor KEYS or CLIENT LIST, KILL or PAUSE; protected
+    configs, DEBUG and MODULE are refused even to ec-admin."""
     cl, url = cluster
     nobody = redis.Redis.from_url(url)
     try:
@@ -193,6 +202,9 @@ def test_no_client_of_the_manifests_redis_has_admin_rights(
             assert client.execute_command("PING")
             for command in ADMIN_COMMANDS:
                 with pytest.raises(redis.ResponseError):
+                    client.execute_command(*command)
+            for command in DANGEROUS_READS:
+                with pytest.raises(redis.exceptions.NoPermissionError):
                     client.execute_command(*command)
         finally:
             client.close()

@@ -59,9 +59,9 @@ viewer=$(hashed elastic-redis-viewer)
     echo "user default on nopass resetkeys resetchannels -@all +ping"
     echo "user ec-admin on #$admin ~* &* +@all"
     echo "user ec-operator on #$operator resetkeys %R~elastic:* %W~elastic:{*}:commands" \
-         "resetchannels -@all +@read +@connection +time +xadd +acl|whoami +acl|dryrun"
+         "resetchannels -@all +@read +@connection +time +xadd +acl|whoami +acl|dryrun -@dangerous"
     echo "user ec-viewer on #$viewer resetkeys %R~elastic:* resetchannels -@all +@read" \
-         "+@connection +time +acl|whoami +acl|dryrun"
+         "+@connection +time +acl|whoami +acl|dryrun -@dangerous"
     for name in "$@"; do
         agent=$(hashed "elastic-redis-agent-$name")
         job="$name-$uid"
