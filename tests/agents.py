@@ -57,11 +57,15 @@ class Agent:
             return []
 
     def kill(self) -> None:
-        for p in self.descendants():
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
+        """The host dies: the agent first, then everything it started. Its workers killed
+        first, the agent could see them die and report it (under load it did: a job killed
+        this way read as "failed", not as lost)."""
+        started = self.descendants()  # before the agent dies: its orphans are init's then
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, 9)
+        for p in started:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
 
 
 def alive(pids: list[int]) -> list[int]:

@@ -141,17 +141,19 @@ def test_the_console_shows_a_job_whose_agents_died_as_lost(redis_url, r, job_id,
     async def run() -> None:
         app = ConsoleApp(job_id, endpoint=parse_endpoint(redis_url))
         async with app.run_test(size=(160, 48)) as pilot:
-            async def until(cond, what: str, seconds: float = 30) -> None:
+            async def until(cond, what: str, seconds: float = 30,
+                            explain=lambda: "") -> None:
                 for _ in range(int(seconds / 0.05)):
                     if cond():
                         return
                     await pilot.pause(0.05)
-                raise AssertionError(f"timed out waiting for {what}")
+                raise AssertionError(f"timed out waiting for {what} {explain()}")
 
             await until(lambda: app.loaded and app.view.state == "running", "running")
             agent.kill()
             await asyncio.to_thread(agent.wait, 10)
-            await until(lambda: app.view.state == "lost", "the lost state")
+            await until(lambda: app.view.state == "lost", "the lost state",
+                        explain=lambda: f"(the job reads as {app.view.state!r})")
             await until(lambda: " LOST " in (app.header._shown or ""), "LOST in the header")
 
     asyncio.run(run())
