@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Our own modules, compiled ahead: every agent, console and worker the suite or the demo
-# starts imports them, and under PYTHONDONTWRITEBYTECODE (set on many CI machines) each
+# starts imports them, and under PYTHONDONTWRITEBYTECODE (set on this machine) each
 # would compile them again (~0.2 s a process; a quarter of the process-heavy tests' time).
 # compileall writes regardless and only what changed.
 COMPILE := $(PY) -m compileall -qq -j 0 agent console tests examples bench scripts
