@@ -16,7 +16,7 @@ from elastic_agent.coordination.wire.event_records import EventType
 from elastic_agent.coordination.wire.keyspace import JOBS_INDEX, JobKeys
 from elastic_agent.supervision.records.job_records import ReseedSchedule
 from tests.agents import SCRIPTS, Agent, alive, wait_until
-from tests.test_agent import FAST, agent_args, log_lines, of_type
+from tests.test_agent import FAST, agent_args, events, log_lines, of_type
 from tests.test_console_cli import console as _console
 
 CONSOLE = [sys.executable, "-m", "elastic_console.cli"]
@@ -71,7 +71,8 @@ def test_redis_back_empty_restores_the_job_without_touching_the_workers(
         status = json.loads(_console("status", job, "--json", "--redis", url).stdout)
         assert status["state"] == "running" and status["world_size"] == 2, status
         assert status["restarts_used"] == 1
-        assert {x["pid"] for x in status["ranks"]} == set(pids)
+        assert {x["pid"] for x in status["ranks"]} == set(pids), (
+            status["ranks"], [(e.type, e.data) for e in events(r, job)][-10:])
         assert all(x["restarts"] == 0 for x in status["ranks"]), status["ranks"]
         wait_until(lambda: any(line.startswith("tick") for _, _, line in log_lines(r, job)), 10,
                    "new log lines")
