@@ -120,16 +120,27 @@ def parked_of(agent: Agent, job: str, running: list[int]) -> set[int]:
     assert zyg.ppid() == agent.pid and comm(zyg.pid) == "elastic-zygote"
     assert re.fullmatch(rf"elastic-agent zygote \(job {job}, node \S+\)\0+",
                         raw_cmdline(zyg.pid).decode()), raw_cmdline(zyg.pid)[:200]
+    parked = rf"elastic-agent parked worker \(job {job}, local rank (\d)\)"
+
+    def named(k: psutil.Process) -> bool:
+        # A worker forked by the keeper shows the keeper's title until it has set its own:
+        # under load, a moment after it is among the keeper's children.
+        try:
+            return all(re.fullmatch(parked, raw_cmdline(c.pid).rstrip(b"\0").decode())
+                       and comm(c.pid) == "elastic-parked" for c in k.children())
+        except FileNotFoundError:  # one left (or was released) between the two reads
+            return False
+
     (ahead,) = wait_until(lambda: [k for k in titled(zyg.pid, "keeper")
                                    if len(k.children()) == NPROC
-                                   and not {c.pid for c in k.children()} & set(running)],
+                                   and not {c.pid for c in k.children()} & set(running)
+                                   and named(k)],
                           60, "the next attempt's keeper with its parked workers")
     assert comm(ahead.pid) == "elastic-keeper"
     ranks = {}
     for p in ahead.children():
         shown = raw_cmdline(p.pid).rstrip(b"\0").decode()
-        found = re.fullmatch(rf"elastic-agent parked worker \(job {job}, local rank (\d)\)",
-                             shown)
+        found = re.fullmatch(parked, shown)
         assert found and comm(p.pid) == "elastic-parked", shown
         ranks[int(found[1])] = p.pid
     assert sorted(ranks) == list(range(NPROC))
