@@ -169,11 +169,17 @@ def ticks(batches: list[LogBatch]) -> dict[int, list[int]]:
     finished line."""
     out: dict[int, list[int]] = {}
     for b in batches:
-        for line in b.lines[:len(b.lines) - b.live]:
-            m = TICK.match(line)
-            if m:
-                out.setdefault(int(m.group(2)), []).append(int(m.group(1)))
+        for rank, tick in finished_ticks(b):
+            out.setdefault(rank, []).append(tick)
     return out
+
+
+def finished_ticks(b: LogBatch) -> Iterator[tuple[int, int]]:
+    """(rank, tick) of each finished line of ``b`` that is a tick (its live block left out)."""
+    for line in b.lines[:len(b.lines) - b.live]:
+        m = TICK.match(line)
+        if m:
+            yield int(m.group(2)), int(m.group(1))
 
 
 def holding_duplicates(batches: list[LogBatch]) -> list[tuple[str, int, int, int, list[str]]]:
@@ -181,10 +187,8 @@ def holding_duplicates(batches: list[LogBatch]) -> list[tuple[str, int, int, int
     explanation."""
     where: dict[tuple[int, int], list[LogBatch]] = {}
     for b in batches:
-        for line in b.lines[:len(b.lines) - b.live]:
-            m = TICK.match(line)
-            if m:
-                where.setdefault((int(m.group(2)), int(m.group(1))), []).append(b)
+        for key in finished_ticks(b):
+            where.setdefault(key, []).append(b)
     return [(b.id, b.rank, b.seq, b.live, b.lines) for held in where.values() if len(held) > 1
             for b in held]
 
